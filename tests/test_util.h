@@ -1,0 +1,41 @@
+// Shared helpers for tests: where the data and the cached models are, and how to skip.
+#pragma once
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <string>
+
+namespace focus::test {
+
+// ../shared/data beside the checkout, or $FOCUS_DATA.
+inline std::string data_dir() {
+  if (const char* e = std::getenv("FOCUS_DATA")) return e;
+  return std::string(FOCUS_SOURCE_DIR) + "/../shared/data";
+}
+inline std::string data_path(const std::string& rel) { return data_dir() + "/" + rel; }
+
+// Cached models ($FOCUS_CACHE/models, default ~/.cache/focus/models).
+inline std::string model_cache() {
+  if (const char* e = std::getenv("FOCUS_CACHE")) return std::string(e) + "/models";
+  const char* home = std::getenv("HOME");
+  return std::string(home ? home : ".") + "/.cache/focus/models";
+}
+inline std::string smollm2_path() { return model_cache() + "/SmolLM2-135M-Instruct.Q4_1.gguf"; }
+inline std::string gemma3_path() { return model_cache() + "/gemma-3-270m-q4_k_m.gguf"; }
+
+// With FOCUS_REQUIRE_DATA=1 (set by CI) a missing input fails the test instead of skipping it.
+inline bool require_data() {
+  const char* e = std::getenv("FOCUS_REQUIRE_DATA");
+  return e && std::string(e) == "1";
+}
+
+}  // namespace focus::test
+
+#define FOCUS_NEED_FILE(path)                                                          \
+  do {                                                                                 \
+    if (!std::filesystem::exists(path)) {                                              \
+      if (::focus::test::require_data()) FAIL() << "required input missing: " << (path); \
+      GTEST_SKIP() << "input missing (run scripts/setup.sh / place ../shared): " << (path); \
+    }                                                                                  \
+  } while (0)

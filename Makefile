@@ -1,0 +1,32 @@
+# Two entry points for a fresh machine:
+#   make demo   set up (packages + default models), build, and run the main job
+#   make test   set up, build, and run the tests
+BUILD ?= build
+JOBS ?= $(shell nproc)
+DATA ?= $(abspath ../shared/data)
+CMAKE_FLAGS ?=
+
+.PHONY: setup build demo test bench asan clean
+
+setup:
+	bash scripts/setup.sh
+
+build:
+	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release $(CMAKE_FLAGS) >/dev/null
+	cmake --build $(BUILD) -j $(JOBS)
+
+demo: setup build
+	bash scripts/demo.sh $(BUILD)/focus $(DATA)
+
+test: setup build
+	cd $(BUILD) && FOCUS_DATA=$(DATA) ctest --output-on-failure -j 2 --timeout 900
+
+bench: build
+	$(BUILD)/focus_bench --json $(BUILD)/bench.json
+
+asan:
+	cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DFOCUS_ASAN=ON -DFOCUS_BENCH=OFF >/dev/null
+	cmake --build build-asan -j $(JOBS)
+
+clean:
+	rm -rf $(BUILD) build-asan

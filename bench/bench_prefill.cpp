@@ -1,0 +1,143 @@
+// Prefill throughput of a real model and the machine's sgemm rate, measured in one run, with
+// model FLOP utilisation of the GEMM part of prefill against that sgemm peak.
+//   focus_bench [--model smollm2] [--ctx 512,2048] [--reps 3] [--threads T] [--json FILE]
+#include <cblas.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "core/error.h"
+#include "core/threads.h"
+#include "kernels/cpu/ops.h"
+#include "model/model.h"
+
+using namespace focus;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+// Median GFLOP/s of C[M,N] = A[M,K] B[N,K]^T, the layout linear() uses.
+double sgemm_gflops(int M, int N, int K, int reps) {
+  std::vector<float> a((size_t)M * K), b((size_t)N * K), c((size_t)M * N);
+  std::mt19937 rng(1);
+  std::uniform_real_distribution<float> u(-1, 1);
+  for (auto& x : a) x = u(rng);
+  for (auto& x : b) x = u(rng);
+  std::vector<double> t;
+  for (int r = 0; r < reps + 1; ++r) {
+    auto t0 = Clock::now();
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, M, N, K, 1.f, a.data(), K, b.data(), K, 0.f, c.data(), N);
+    if (r > 0) t.push_back(seconds_since(t0));
+  }
+  return 2.0 * M * N * K / median(t) / 1e9;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string model = "smollm2", json_path;
+  std::vector<int64_t> ctxs = {512, 2048};
+  int reps = 3, threads = 0;
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    auto next = [&]() -> std::string {
+      if (i + 1 >= argc) {
+        std::fprintf(stderr, "missing value for %s\n", a.c_str());
+        std::exit(2);
+      }
+      return argv[++i];
+    };
+    if (a == "--model") model = next();
+    else if (a == "--json") json_path = next();
+    else if (a == "--reps") reps = std::stoi(next());
+    else if (a == "--threads") threads = std::stoi(next());
+    else if (a == "--ctx") {
+      ctxs.clear();
+      std::stringstream ss(next());
+      for (std::string p; std::getline(ss, p, ',');) ctxs.push_back(std::stoll(p));
+    } else {
+      std::fprintf(stderr, "usage: focus_bench [--model M] [--ctx 512,2048] [--reps N] [--threads T] [--json FILE]\n");
+      return 2;
+    }
+  }
+  try {
+    set_threads(threads);
+    nlohmann::json out;
+    out["threads"] = num_threads();
+    const double peak_sq = sgemm_gflops(2048, 2048, 2048, reps);
+    std::printf("sgemm 2048^3: %.1f GFLOP/s (%d threads)\n", peak_sq, num_threads());
+    out["sgemm_gflops_2048"] = peak_sq;
+
+    LoadOptions lo;
+    lo.need_tokenizer = false;
+    auto m = load_model(model, lo);
+    const ModelConfig& c = m->cfg;
+    out["model"] = m->path;
+    std::vector<nlohmann::json> rows;
+    for (int64_t ctx : ctxs) {
+      // The sgemm rate on this model's own prefill shape (M = ctx, the FFN projection).
+      const double peak_shape = sgemm_gflops((int)ctx, (int)c.ffn, (int)c.dim, reps);
+      std::vector<int32_t> ids(ctx);
+      std::mt19937 rng(7);
+      for (auto& x : ids) x = (int32_t)(rng() % c.vocab);
+      KVCache cache;
+      cache.init(c, ctx);
+      std::vector<float> hidden(ctx * c.dim);
+      std::vector<double> tt, tg, fg;
+      for (int r = 0; r < reps + 1; ++r) {
+        cache.clear();
+        cpu::reset_gemm_stats();
+        auto t0 = Clock::now();
+        forward(*m, ids.data(), ctx, cache, hidden.data());
+        const double t = seconds_since(t0);
+        if (r == 0) continue;  // warm-up
+        tt.push_back(t);
+        tg.push_back(cpu::gemm_stats().seconds);
+        fg.push_back(cpu::gemm_stats().flops);
+      }
+      const double t = median(tt), tgemm = median(tg), flops = fg[0];
+      const double gemm_rate = flops / tgemm / 1e9;
+      nlohmann::json row{{"ctx", ctx},
+                         {"prefill_tok_per_s", ctx / t},
+                         {"prefill_ms", t * 1e3},
+                         {"gemm_ms", tgemm * 1e3},
+                         {"gemm_share", tgemm / t},
+                         {"gemm_gflops", gemm_rate},
+                         {"sgemm_gflops_same_shape", peak_shape},
+                         {"mfu_gemm_vs_2048", gemm_rate / peak_sq},
+                         {"mfu_gemm_vs_shape", gemm_rate / peak_shape},
+                         {"mfu_total_vs_2048", flops / t / 1e9 / peak_sq}};
+      std::printf(
+          "ctx %5lld: prefill %8.1f tok/s (%.1f ms) | GEMM %.1f GFLOP/s = %.0f%% of sgemm 2048^3, %.0f%% of sgemm at "
+          "[%lld x %lld x %lld] (%.1f GFLOP/s) | GEMM share of time %.0f%%\n",
+          (long long)ctx, ctx / t, t * 1e3, gemm_rate, 100 * gemm_rate / peak_sq, 100 * gemm_rate / peak_shape,
+          (long long)ctx, (long long)c.ffn, (long long)c.dim, peak_shape, 100 * tgemm / t);
+      rows.push_back(row);
+    }
+    out["prefill"] = rows;
+    if (!json_path.empty()) {
+      std::ofstream f(json_path);
+      f << out.dump(2) << "\n";
+    }
+    std::printf("%s\n", out.dump().c_str());
+  } catch (const Error& e) {
+    std::fprintf(stderr, "error: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}

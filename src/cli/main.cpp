@@ -1,0 +1,265 @@
+// The focus command: subcommands parse flags and call the library; no logic of their own.
+#include <CLI/CLI.hpp>
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <nlohmann/json.hpp>
+#include <random>
+
+#include "core/error.h"
+#include "core/progress.h"
+#include "core/threads.h"
+#include "eval/perplexity.h"
+#include "io/text.h"
+#include "io/tokenizer.h"
+#include "kernels/cpu/ops.h"
+#include "model/model.h"
+
+using namespace focus;
+using json = nlohmann::json;
+
+namespace {
+
+std::string shape_str(const ModelConfig& c) {
+  char b[512];
+  std::snprintf(b, sizeof(b),
+                "vocab %lld, dim %lld, layers %lld, heads %lld, kv heads %lld, head dim %lld, ffn %lld, ctx %lld",
+                (long long)c.vocab, (long long)c.dim, (long long)c.layers, (long long)c.heads, (long long)c.kv_heads,
+                (long long)c.head_dim, (long long)c.ffn, (long long)c.max_ctx);
+  return b;
+}
+
+int cmd_info(const std::string& model, const std::string& tokenizer, bool as_json) {
+  LoadOptions lo;
+  lo.tokenizer = tokenizer;
+  auto m = load_model(model, lo);
+  const ModelConfig& c = m->cfg;
+  json j;
+  j["path"] = m->path;
+  j["format"] = m->format;
+  j["architecture"] = c.arch_name;
+  j["vocab"] = c.vocab;
+  j["dim"] = c.dim;
+  j["layers"] = c.layers;
+  j["heads"] = c.heads;
+  j["kv_heads"] = c.kv_heads;
+  j["head_dim"] = c.head_dim;
+  j["ffn"] = c.ffn;
+  j["context"] = c.max_ctx;
+  j["params"] = m->w.n_params;
+  j["tied_output"] = c.tied_output;
+  j["tensor_types"] = m->w.tensor_types;
+  j["layer_window"] = c.layer_window;
+  j["rope"] = c.rope_dim == 0 ? "none"
+                              : (c.rope_style == cpu::RopeStyle::Interleaved ? "interleaved" : "split-half");
+  j["rope_theta"] = c.rope_theta;
+  if (m->tok) j["tokenizer_vocab"] = m->tok->vocab_size();
+  if (as_json) {
+    std::cout << j.dump() << "\n";
+    return 0;
+  }
+  std::printf("model:        %s (%s)\n", m->path.c_str(), m->format.c_str());
+  std::printf("architecture: %s\n", c.arch_name.c_str());
+  std::printf("sizes:        %s\n", shape_str(c).c_str());
+  std::printf("parameters:   %lld (%.1f M)%s\n", (long long)m->w.n_params, m->w.n_params / 1e6,
+              c.tied_output ? ", output tied to embeddings" : "");
+  std::printf("positions:    %s, theta %g\n", j["rope"].get<std::string>().c_str(), c.rope_theta);
+  int64_t local = 0;
+  for (auto w : c.layer_window) local += w > 0;
+  if (local) std::printf("attention:    %lld sliding-window layers (window %lld), %lld global\n", (long long)local,
+                         (long long)c.layer_window[0], (long long)(c.layers - local));
+  std::string types;
+  for (auto& t : m->w.tensor_types) types += (types.empty() ? "" : ", ") + t;
+  std::printf("tensor types: %s\n", types.c_str());
+  if (m->tok) std::printf("tokenizer:    %d tokens, bos %d, eos %d\n", m->tok->vocab_size(), m->tok->bos(), m->tok->eos());
+  return 0;
+}
+
+int cmd_eval(const std::string& model, const std::string& tokenizer, const std::vector<std::string>& texts,
+             int64_t ctx, int64_t stride, int64_t max_tokens, bool no_bos, bool as_json) {
+  LoadOptions lo;
+  lo.tokenizer = tokenizer;
+  auto m = load_model(model, lo);
+  std::vector<int32_t> ids;
+  for (const auto& path : texts) {
+    const std::string text = io::load_text(path);
+    auto t = m->tok->encode(text, false);
+    FOCUS_CHECK(!t.empty(), path, ": the text encodes to no tokens");
+    ids.insert(ids.end(), t.begin(), t.end());
+  }
+  if (max_tokens > 0 && (int64_t)ids.size() > max_tokens) ids.resize(max_tokens);
+  PplOptions o;
+  o.ctx = ctx;
+  o.stride = stride;
+  o.bos = !no_bos;
+  o.progress = true;
+  install_interrupt_handler();
+  PplResult r = perplexity(*m, ids, o);
+  const double tps = r.processed / std::max(r.seconds, 1e-9);
+  std::printf("model %s | ctx %lld | tokens scored %lld in %lld windows | nll %.5f | ppl %.4f | %.1f tok/s%s\n",
+              m->path.c_str(), (long long)ctx, (long long)r.tokens, (long long)r.windows, r.nll(), r.ppl(), tps,
+              r.interrupted ? " | INTERRUPTED (partial)" : "");
+  if (as_json) {
+    json j{{"model", m->path}, {"texts", texts},           {"ctx", ctx},           {"stride", o.stride ? o.stride : ctx},
+           {"ppl", r.ppl()},   {"nll", r.nll()},           {"tokens", r.tokens},   {"windows", r.windows},
+           {"tok_per_s", tps}, {"seconds", r.seconds},     {"threads", num_threads()},
+           {"interrupted", r.interrupted}};
+    std::cout << j.dump() << "\n";
+  }
+  return r.interrupted ? 130 : 0;
+}
+
+int cmd_generate(const std::string& model, const std::string& tokenizer, const std::string& prompt, int64_t n,
+                 float temp, uint64_t seed, bool print_ids) {
+  LoadOptions lo;
+  lo.tokenizer = tokenizer;
+  auto m = load_model(model, lo);
+  std::vector<int32_t> ids = m->tok->encode(prompt, m->tok->add_bos_default() || prompt.empty());
+  FOCUS_CHECK(!ids.empty(), "generate: empty prompt and the model has no BOS token");
+  const int64_t cap = std::min<int64_t>((int64_t)ids.size() + n, m->cfg.max_ctx > 0 ? m->cfg.max_ctx : 1 << 20);
+  FOCUS_CHECK((int64_t)ids.size() < cap, "generate: the prompt fills the model's context (", m->cfg.max_ctx, ")");
+  KVCache cache;
+  cache.init(m->cfg, cap);
+  std::vector<float> hidden(ids.size() * m->cfg.dim), logits(m->cfg.vocab);
+  std::mt19937_64 rng(seed);
+  install_interrupt_handler();
+  std::fputs(prompt.c_str(), stdout);
+  forward(*m, ids.data(), (int64_t)ids.size(), cache, hidden.data());
+  compute_logits(*m, hidden.data() + (ids.size() - 1) * m->cfg.dim, 1, logits.data());
+  std::vector<int32_t> out = ids;
+  const auto t0 = std::chrono::steady_clock::now();
+  int64_t made = 0;
+  while (made < n && cache.len < cap && !interrupted()) {
+    int32_t next = 0;
+    if (temp <= 0.f) {
+      next = (int32_t)(std::max_element(logits.begin(), logits.end()) - logits.begin());
+    } else {
+      float mx = *std::max_element(logits.begin(), logits.end());
+      std::vector<double> p(logits.size());
+      for (size_t i = 0; i < p.size(); ++i) p[i] = std::exp((logits[i] - mx) / temp);
+      std::discrete_distribution<int32_t> d(p.begin(), p.end());
+      next = d(rng);
+    }
+    std::fputs(m->tok->piece(next, out.back()).c_str(), stdout);
+    std::fflush(stdout);
+    out.push_back(next);
+    ++made;
+    if (next == m->tok->eos() && m->tok->eos() >= 0) break;
+    if (made < n && cache.len < cap) {
+      forward(*m, &next, 1, cache, hidden.data());
+      compute_logits(*m, hidden.data(), 1, logits.data());
+    }
+  }
+  const double el = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  std::printf("\n");
+  std::fprintf(stderr, "[generate] %lld tokens in %.2fs (%.1f tok/s)\n", (long long)made, el, made / std::max(el, 1e-9));
+  if (print_ids) {
+    std::string s;
+    for (size_t i = 0; i < out.size(); ++i) s += (i ? " " : "") + std::to_string(out[i]);
+    std::printf("ids: %s\n", s.c_str());
+  }
+  return 0;
+}
+
+int cmd_tokenize(const std::string& model, const std::string& tokenizer, const std::string& prompt, bool bos) {
+  std::unique_ptr<io::Tokenizer> tok;
+  std::unique_ptr<Model> m;
+  if (!model.empty()) {
+    LoadOptions lo;
+    lo.tokenizer = tokenizer;
+    m = load_model(model, lo);
+    tok = std::move(m->tok);
+  } else {
+    FOCUS_CHECK(!tokenizer.empty(), "tokenize: give --model or --tokenizer");
+    tok = io::load_tokenizer(tokenizer);
+  }
+  auto ids = tok->encode(prompt, bos);
+  std::string s;
+  for (size_t i = 0; i < ids.size(); ++i) s += (i ? " " : "") + std::to_string(ids[i]);
+  std::printf("%s\n", s.c_str());
+  return 0;
+}
+
+int cmd_prepare(const std::string& in, const std::string& out) {
+  io::PrepareStats st;
+  const std::string s = io::load_text(in, &st);
+  std::ofstream f(out, std::ios::binary);
+  FOCUS_CHECK(f, out, ": cannot open for writing");
+  f << s;
+  FOCUS_CHECK(f.good(), out, ": write failed");
+  std::fprintf(stderr, "%s -> %s: %zu -> %zu bytes%s%s%s\n", in.c_str(), out.c_str(), st.bytes_in, st.bytes_out,
+               st.had_bom ? ", BOM dropped" : "", st.had_crlf ? ", CRLF -> LF" : "",
+               st.gutenberg ? ", Gutenberg boilerplate stripped" : "");
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"focus: Focus sparse attention for pretrained language models"};
+  app.require_subcommand(1);
+  int threads = 0;
+  app.add_option("-t,--threads", threads, "threads (default: all cores)");
+
+  std::string model, tokenizer, prompt, out;
+  std::vector<std::string> texts;
+  int64_t ctx = 512, stride = 0, max_tokens = 0, n = 64;
+  float temp = 0.f;
+  uint64_t seed = 1;
+  bool as_json = false, no_bos = false, print_ids = false, bos = false;
+
+  auto* info = app.add_subcommand("info", "architecture, sizes, parameter count, tensor types");
+  info->add_option("model", model, "MODEL (.gguf, llama2.c .bin, safetensors folder, smollm2, gemma3-270m)")->required();
+  info->add_option("--tokenizer", tokenizer, "tokenizer file (llama2.c models)");
+  info->add_flag("--json", as_json, "print JSON");
+
+  auto* ev = app.add_subcommand("eval", "perplexity of a model on text");
+  ev->add_option("--model", model, "MODEL")->required();
+  ev->add_option("--tokenizer", tokenizer, "tokenizer file (llama2.c models)");
+  ev->add_option("--text", texts, "text files (raw Gutenberg files are prepared on the way in)")->required();
+  ev->add_option("--ctx", ctx, "window length in tokens (incl. BOS)");
+  ev->add_option("--stride", stride, "window stride (default: ctx, non-overlapping)");
+  ev->add_option("--max-tokens", max_tokens, "use only the first T text tokens");
+  ev->add_flag("--no-bos", no_bos, "do not put BOS at the start of each window");
+  ev->add_flag("--json", as_json, "last stdout line is a JSON object");
+
+  auto* gen = app.add_subcommand("generate", "generate text (greedy at --temp 0)");
+  gen->add_option("--model", model, "MODEL")->required();
+  gen->add_option("--tokenizer", tokenizer, "tokenizer file (llama2.c models)");
+  gen->add_option("-p,--prompt", prompt, "prompt text");
+  gen->add_option("-n", n, "tokens to generate");
+  gen->add_option("--temp", temp, "temperature (0 = greedy)");
+  gen->add_option("--seed", seed, "sampling seed");
+  gen->add_flag("--ids", print_ids, "also print the token ids");
+
+  auto* tk = app.add_subcommand("tokenize", "print token ids of a text");
+  tk->add_option("--model", model, "MODEL whose tokenizer to use");
+  tk->add_option("--tokenizer", tokenizer, "tokenizer file or folder");
+  tk->add_option("-p,--prompt", prompt, "text")->required();
+  tk->add_flag("--bos", bos, "prepend BOS");
+
+  auto* prep = app.add_subcommand("prepare", "strip Gutenberg boilerplate, BOM and CRLF");
+  prep->add_option("input", tokenizer, "input text file")->required();
+  prep->add_option("output", out, "output file")->required();
+
+  CLI11_PARSE(app, argc, argv);
+  try {
+    set_threads(threads);
+    if (*info) return cmd_info(model, tokenizer, as_json);
+    if (*ev) return cmd_eval(model, tokenizer, texts, ctx, stride, max_tokens, no_bos, as_json);
+    if (*gen) return cmd_generate(model, tokenizer, prompt, n, temp, seed, print_ids);
+    if (*tk) return cmd_tokenize(model, tokenizer, prompt, bos);
+    if (*prep) return cmd_prepare(tokenizer, out);
+  } catch (const Error& e) {
+    std::fprintf(stderr, "error: %s\n", e.what());
+    return 1;
+  } catch (const std::bad_alloc&) {
+    std::fprintf(stderr, "error: out of memory\n");
+    return 1;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "error: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}

@@ -1,0 +1,27 @@
+// Progress bar on stderr (rate and ETA), and clean Ctrl-C handling.
+#pragma once
+#include <chrono>
+#include <cstdint>
+#include <string>
+
+namespace focus {
+
+class Progress {
+ public:
+  Progress(std::string label, int64_t total, std::string unit);
+  void update(int64_t done, const std::string& extra = "");
+  void finish(const std::string& extra = "");
+
+ private:
+  std::string label_, unit_;
+  int64_t total_;
+  std::chrono::steady_clock::time_point start_, last_;
+  bool tty_;
+  bool drawn_ = false;
+};
+
+// Installs a SIGINT handler that sets a flag (a second Ctrl-C exits at once).
+void install_interrupt_handler();
+bool interrupted();
+
+}  // namespace focus

@@ -1,0 +1,14 @@
+#include "core/threads.h"
+
+#include <omp.h>
+
+extern "C" void openblas_set_num_threads(int);
+
+namespace focus {
+void set_threads(int n) {
+  if (n <= 0) n = omp_get_num_procs();
+  omp_set_num_threads(n);
+  openblas_set_num_threads(n);
+}
+int num_threads() { return omp_get_max_threads(); }
+}  // namespace focus

@@ -1,0 +1,33 @@
+// Perplexity over token streams in windows of ctx tokens, each token scored once.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "model/model.h"
+
+namespace focus {
+
+struct PplOptions {
+  int64_t ctx = 512;
+  int64_t stride = 0;      // 0: ctx (minus the BOS slot) = non-overlapping windows
+  bool bos = true;         // put the model's BOS at the start of every window (if it has one)
+  bool progress = true;
+};
+
+struct PplResult {
+  double nll_sum = 0;      // nats
+  int64_t tokens = 0;      // scored
+  int64_t windows = 0;
+  double seconds = 0;      // forward time
+  int64_t processed = 0;   // tokens run through the model (incl. overlap and BOS)
+  bool interrupted = false;
+  double nll() const { return tokens ? nll_sum / tokens : 0; }
+  double ppl() const;
+};
+
+// Scores ids (text tokens, no BOS). Window w covers ids[a, b) with a = w * stride; a token is
+// scored in the first window that predicts it from inside that window.
+PplResult perplexity(const Model& m, const std::vector<int32_t>& ids, const PplOptions& o);
+
+}  // namespace focus

@@ -1,0 +1,127 @@
+#include "kernels/cpu/ops.h"
+
+#include <cblas.h>
+
+#include <chrono>
+#include <cmath>
+
+namespace focus::cpu {
+namespace {
+GemmStats g_gemm;
+struct GemmTimer {
+  std::chrono::steady_clock::time_point t0 = std::chrono::steady_clock::now();
+  double flops;
+  explicit GemmTimer(double f) : flops(f) {}
+  ~GemmTimer() {
+    g_gemm.seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    g_gemm.flops += flops;
+  }
+};
+}  // namespace
+
+GemmStats gemm_stats() { return g_gemm; }
+void reset_gemm_stats() { g_gemm = {}; }
+
+void linear(const float* x, const float* W, const float* bias, float* y, int64_t M, int64_t K, int64_t N) {
+  GemmTimer timer(2.0 * M * N * K);
+  if (bias) {
+#pragma omp parallel for schedule(static) if (M * N > 65536)
+    for (int64_t r = 0; r < M; ++r)
+      for (int64_t c = 0; c < N; ++c) y[r * N + c] = bias[c];
+  }
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)M, (int)N, (int)K, 1.0f, x, (int)K, W, (int)K,
+              bias ? 1.0f : 0.0f, y, (int)N);
+}
+
+void linear_acc(const float* x, const float* W, float* y, int64_t M, int64_t K, int64_t N) {
+  GemmTimer timer(2.0 * M * N * K);
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)M, (int)N, (int)K, 1.0f, x, (int)K, W, (int)K, 1.0f, y,
+              (int)N);
+}
+
+void rmsnorm(const float* x, const float* w, float* out, int64_t rows, int64_t dim, float eps) {
+#pragma omp parallel for schedule(static) if (rows > 16)
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* xr = x + r * dim;
+    float* o = out + r * dim;
+    double ss = 0;
+    for (int64_t i = 0; i < dim; ++i) ss += (double)xr[i] * xr[i];
+    const float inv = (float)(1.0 / std::sqrt(ss / dim + eps));
+    if (w)
+      for (int64_t i = 0; i < dim; ++i) o[i] = xr[i] * inv * w[i];
+    else
+      for (int64_t i = 0; i < dim; ++i) o[i] = xr[i] * inv;
+  }
+}
+
+void layernorm(const float* x, const float* w, const float* b, float* out, int64_t rows, int64_t dim, float eps) {
+#pragma omp parallel for schedule(static) if (rows > 16)
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* xr = x + r * dim;
+    float* o = out + r * dim;
+    double s = 0;
+    for (int64_t i = 0; i < dim; ++i) s += xr[i];
+    const double mean = s / dim;
+    double v = 0;
+    for (int64_t i = 0; i < dim; ++i) v += (xr[i] - mean) * (xr[i] - mean);
+    const float inv = (float)(1.0 / std::sqrt(v / dim + eps));
+    const float m = (float)mean;
+    for (int64_t i = 0; i < dim; ++i) o[i] = (xr[i] - m) * inv * (w ? w[i] : 1.0f) + (b ? b[i] : 0.0f);
+  }
+}
+
+void rope(float* x, int64_t T, int64_t H, int64_t hd, int64_t rot_dim, int64_t pos0, float theta, RopeStyle style) {
+  const int64_t half = rot_dim / 2;
+#pragma omp parallel for schedule(static) if (T > 4)
+  for (int64_t t = 0; t < T; ++t) {
+    const double pos = (double)(pos0 + t);
+    for (int64_t i = 0; i < half; ++i) {
+      // Frequencies in double so every format and path agrees on the angle.
+      const double freq = std::pow((double)theta, -2.0 * (double)i / (double)rot_dim);
+      const double ang = pos * freq;
+      const float c = (float)std::cos(ang), s = (float)std::sin(ang);
+      for (int64_t h = 0; h < H; ++h) {
+        float* v = x + (t * H + h) * hd;
+        const int64_t a = style == RopeStyle::Interleaved ? 2 * i : i;
+        const int64_t b = style == RopeStyle::Interleaved ? 2 * i + 1 : i + half;
+        const float x0 = v[a], x1 = v[b];
+        v[a] = x0 * c - x1 * s;
+        v[b] = x0 * s + x1 * c;
+      }
+    }
+  }
+}
+
+static inline float silu(float v) { return v / (1.0f + std::exp(-v)); }
+static inline float gelu_t(float v) {
+  const float k = 0.7978845608028654f;  // sqrt(2/pi)
+  return 0.5f * v * (1.0f + std::tanh(k * (v + 0.044715f * v * v * v)));
+}
+
+void silu_mul(float* gate, const float* up, int64_t n) {
+#pragma omp parallel for schedule(static) if (n > 65536)
+  for (int64_t i = 0; i < n; ++i) gate[i] = silu(gate[i]) * up[i];
+}
+void gelu_tanh_mul(float* gate, const float* up, int64_t n) {
+#pragma omp parallel for schedule(static) if (n > 65536)
+  for (int64_t i = 0; i < n; ++i) gate[i] = gelu_t(gate[i]) * up[i];
+}
+void gelu_tanh(float* x, int64_t n) {
+#pragma omp parallel for schedule(static) if (n > 65536)
+  for (int64_t i = 0; i < n; ++i) x[i] = gelu_t(x[i]);
+}
+
+void add_inplace(float* x, const float* y, int64_t n) {
+#pragma omp parallel for schedule(static) if (n > 65536)
+  for (int64_t i = 0; i < n; ++i) x[i] += y[i];
+}
+
+double log_prob(const float* logits, int64_t n, int64_t target) {
+  float mx = logits[0];
+  for (int64_t i = 1; i < n; ++i) mx = std::max(mx, logits[i]);
+  double s = 0;
+  for (int64_t i = 0; i < n; ++i) s += std::exp((double)logits[i] - mx);
+  return (double)logits[target] - mx - std::log(s);
+}
+
+}  // namespace focus::cpu

@@ -1,0 +1,473 @@
+// Loading models from GGUF, llama2.c and safetensors checkpoints. Each format maps its own
+// tensor names and conventions onto ModelConfig / ModelWeights here.
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <map>
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+#include "core/mapped_file.h"
+#include "io/gguf.h"
+#include "io/safetensors.h"
+#include "model/model.h"
+
+namespace fs = std::filesystem;
+
+namespace focus {
+namespace {
+
+// Every architecture-specific default lives here.
+void apply_arch_defaults(ModelConfig& c) {
+  if (c.head_dim == 0 && c.heads > 0) c.head_dim = c.dim / c.heads;
+  if (c.attn_scale == 0.f) c.attn_scale = 1.0f / std::sqrt((float)c.head_dim);
+  if (c.layer_window.empty()) c.layer_window.assign(c.layers, 0);
+  switch (c.arch) {
+    case Arch::Llama:
+      c.norm = NormKind::RMS;
+      c.mlp = MlpKind::SwiGLU;
+      if (c.rope_dim == 0) c.rope_dim = c.head_dim;
+      break;
+    case Arch::Gemma3:
+      c.norm = NormKind::RMS;
+      c.mlp = MlpKind::GeGLU;
+      c.qk_norm = true;
+      c.post_norms = true;
+      c.rope_style = cpu::RopeStyle::SplitHalf;
+      if (c.rope_dim == 0) c.rope_dim = c.head_dim;
+      c.embed_scale = std::sqrt((float)c.dim);
+      break;
+    case Arch::GPT2:
+      c.norm = NormKind::Layer;
+      c.mlp = MlpKind::GELU;
+      c.learned_pos = true;
+      c.rope_dim = 0;
+      break;
+  }
+}
+
+void check_config(const ModelConfig& c, const std::string& path) {
+  FOCUS_CHECK(c.vocab > 0 && c.dim > 0 && c.layers > 0 && c.heads > 0 && c.kv_heads > 0 && c.ffn > 0, path,
+              ": invalid model sizes (vocab ", c.vocab, ", dim ", c.dim, ", layers ", c.layers, ", heads ", c.heads,
+              ", kv heads ", c.kv_heads, ", ffn ", c.ffn, ")");
+  FOCUS_CHECK(c.vocab < (1 << 24) && c.dim < (1 << 16) && c.layers < 1024 && c.heads <= 1024 && c.ffn < (1 << 20),
+              path, ": absurd model sizes");
+  FOCUS_CHECK(c.heads % c.kv_heads == 0, path, ": ", c.heads, " attention heads are not a multiple of ", c.kv_heads,
+              " kv heads");
+  FOCUS_CHECK(c.head_dim > 0 && c.head_dim <= 1024, path, ": invalid head dimension ", c.head_dim);
+  FOCUS_CHECK(c.rope_dim % 2 == 0 && c.rope_dim <= c.head_dim, path, ": invalid rotary dimension ", c.rope_dim);
+  FOCUS_CHECK((int64_t)c.layer_window.size() == c.layers, path, ": window layout has ", c.layer_window.size(),
+              " entries for ", c.layers, " layers");
+}
+
+// ---------------------------------------------------------------- GGUF
+std::string gguf_arch_key(const io::GGUFFile& f, const std::string& arch, const std::string& k) {
+  return arch + "." + k;
+}
+
+std::unique_ptr<Model> load_gguf(const std::string& path, const LoadOptions& opt) {
+  io::GGUFFile f(path);
+  auto m = std::make_unique<Model>();
+  m->path = path;
+  m->format = "gguf";
+  ModelConfig& c = m->cfg;
+  const std::string arch = f.get_string("general.architecture");
+  c.arch_name = arch;
+  if (arch == "llama")
+    c.arch = Arch::Llama;
+  else if (arch == "gemma3")
+    c.arch = Arch::Gemma3;
+  else
+    fail(path, ": unsupported architecture '", arch, "' (supported in GGUF: llama, gemma3)");
+  auto key = [&](const char* k) { return gguf_arch_key(f, arch, k); };
+  c.dim = f.get_int(key("embedding_length"));
+  c.layers = f.get_int(key("block_count"));
+  c.heads = f.get_int(key("attention.head_count"));
+  c.kv_heads = f.get_int(key("attention.head_count_kv"), c.heads);
+  c.ffn = f.get_int(key("feed_forward_length"));
+  c.max_ctx = f.get_int(key("context_length"), 2048);
+  c.norm_eps = (float)f.get_float(key("attention.layer_norm_rms_epsilon"), 1e-5);
+  c.rope_theta = (float)f.get_float(key("rope.freq_base"), 10000.0);
+  c.head_dim = f.get_int(key("attention.key_length"), 0);
+  c.rope_dim = f.get_int(key("rope.dimension_count"), 0);
+  FOCUS_CHECK(f.get_int(key("attention.value_length"), c.head_dim ? c.head_dim : 0) ==
+                  (c.head_dim ? c.head_dim : f.get_int(key("attention.value_length"), 0)),
+              path, ": key and value head sizes differ; not supported");
+  const io::GGUFTensor& emb = f.tensor("token_embd.weight");
+  FOCUS_CHECK(emb.ne.size() == 2 && emb.ne[0] == c.dim, path, ": token_embd.weight has the wrong shape");
+  c.vocab = emb.ne[1];
+  if (c.arch == Arch::Gemma3) {
+    // Gemma 3: sliding-window layers with local RoPE base 10000; every 6th layer is global.
+    const int64_t sw = f.get_int(key("attention.sliding_window"), 512);
+    c.layer_window.assign(c.layers, sw);
+    for (int64_t l = 0; l < c.layers; ++l)
+      if ((l + 1) % 6 == 0) c.layer_window[l] = 0;
+    c.rope_theta_local = 10000.f;
+    // GGUF norm weights of Gemma already include the +1 offset of Gemma's RMSNorm.
+  }
+  apply_arch_defaults(c);
+  if (c.arch == Arch::Gemma3) c.attn_scale = 1.0f / std::sqrt((float)c.head_dim);
+  check_config(c, path);
+
+  std::map<std::string, int> type_count;
+  auto get = [&](const std::string& name, std::vector<int64_t> shape, bool required = true) -> const float* {
+    const io::GGUFTensor* t = f.find(name);
+    if (!t) {
+      FOCUS_CHECK(!required, path, ": missing tensor '", name, "'");
+      return nullptr;
+    }
+    FOCUS_CHECK(t->ne == shape, path, ": tensor '", name, "' has shape ", [&] {
+      std::string s;
+      for (auto d : t->ne) s += std::to_string(d) + " ";
+      return s;
+    }(), "but the config needs ", [&] {
+      std::string s;
+      for (auto d : shape) s += std::to_string(d) + " ";
+      return s;
+    }());
+    type_count[io::type_name(t->type)]++;
+    m->w.n_params += t->n_elements();
+    return m->w.keep(f.to_float(*t));
+  };
+  const int64_t D = c.dim, QD = c.q_dim(), KV = c.kv_dim(), F = c.ffn, hd = c.head_dim;
+  m->w.tok_emb = get("token_embd.weight", {D, c.vocab});
+  m->w.out_norm = get("output_norm.weight", {D});
+  m->w.lm_head = get("output.weight", {D, c.vocab}, false);
+  c.tied_output = m->w.lm_head == nullptr;
+  if (c.tied_output) m->w.lm_head = m->w.tok_emb;
+  m->w.layers.resize(c.layers);
+  for (int64_t l = 0; l < c.layers; ++l) {
+    const std::string p = "blk." + std::to_string(l) + ".";
+    LayerWeights& L = m->w.layers[l];
+    L.attn_norm = get(p + "attn_norm.weight", {D});
+    L.wq = get(p + "attn_q.weight", {D, QD});
+    L.wk = get(p + "attn_k.weight", {D, KV});
+    L.wv = get(p + "attn_v.weight", {D, KV});
+    L.wo = get(p + "attn_output.weight", {QD, D});
+    L.ffn_norm = get(p + "ffn_norm.weight", {D});
+    L.w_gate = get(p + "ffn_gate.weight", {D, F});
+    L.w_up = get(p + "ffn_up.weight", {D, F});
+    L.w_down = get(p + "ffn_down.weight", {F, D});
+    if (c.arch == Arch::Gemma3) {
+      L.q_norm = get(p + "attn_q_norm.weight", {hd});
+      L.k_norm = get(p + "attn_k_norm.weight", {hd});
+      L.post_attn_norm = get(p + "post_attention_norm.weight", {D});
+      L.post_ffn_norm = get(p + "post_ffw_norm.weight", {D});
+    }
+  }
+  for (auto& [k, v] : type_count) m->w.tensor_types.push_back(k + " x " + std::to_string(v));
+  if (opt.need_tokenizer)
+    m->tok = opt.tokenizer.empty() ? io::make_tokenizer(io::vocab_from_gguf(f)) : io::load_tokenizer(opt.tokenizer);
+  return m;
+}
+
+// ---------------------------------------------------------------- llama2.c (legacy v0)
+std::unique_ptr<Model> load_llama2c(const std::string& path, const LoadOptions& opt) {
+  MappedFile f(path);
+  FOCUS_CHECK(f.size() >= 28, path, ": too small for a llama2.c header (", f.size(), " bytes)");
+  int32_t h[7];
+  std::memcpy(h, f.data(), sizeof(h));
+  auto m = std::make_unique<Model>();
+  m->path = path;
+  m->format = "llama2c";
+  ModelConfig& c = m->cfg;
+  c.arch = Arch::Llama;
+  c.arch_name = "llama";
+  c.dim = h[0];
+  c.ffn = h[1];
+  c.layers = h[2];
+  c.heads = h[3];
+  c.kv_heads = h[4];
+  c.tied_output = h[5] > 0;
+  c.vocab = std::abs((int64_t)h[5]);
+  c.max_ctx = h[6];
+  c.norm_eps = 1e-5f;
+  c.rope_theta = 10000.f;
+  FOCUS_CHECK(c.dim > 0 && c.heads > 0 && c.kv_heads > 0 && c.dim % c.heads == 0 && c.max_ctx > 0, path,
+              ": not a llama2.c checkpoint (header dim ", h[0], ", hidden ", h[1], ", layers ", h[2], ", heads ", h[3],
+              ", kv heads ", h[4], ", vocab ", h[5], ", seq_len ", h[6], ")");
+  apply_arch_defaults(c);
+  check_config(c, path);
+  const int64_t D = c.dim, F = c.ffn, Lr = c.layers, hd = c.head_dim, KV = c.kv_dim();
+  FOCUS_CHECK(c.max_ctx < (1 << 24), path, ": absurd seq_len ", c.max_ctx);
+  int64_t need = c.vocab * D + Lr * D + Lr * D * D + 2 * Lr * KV * D + Lr * D * D + Lr * D + 3 * Lr * F * D + D +
+                 c.max_ctx * hd;  // freq_cis real + imag (hd/2 each)
+  if (!c.tied_output) need += c.vocab * D;
+  const size_t bytes = 28 + (size_t)need * 4;
+  FOCUS_CHECK(f.size() >= bytes, path, ": truncated llama2.c checkpoint: header needs ", bytes, " bytes, file has ",
+              f.size());
+  FOCUS_CHECK(f.size() == bytes, path, ": llama2.c checkpoint has ", f.size() - bytes,
+              " unexpected trailing bytes (not a legacy v0 file?)");
+  const float* p = reinterpret_cast<const float*>(f.data() + 28);
+  auto take = [&](int64_t n) {
+    std::vector<float> v(p, p + n);
+    p += n;
+    m->w.n_params += n;
+    return m->w.keep(std::move(v));
+  };
+  m->w.tok_emb = take(c.vocab * D);
+  m->w.layers.resize(Lr);
+  const float* rms_att = take(Lr * D);
+  const float* wq = take(Lr * D * D);
+  const float* wk = take(Lr * KV * D);
+  const float* wv = take(Lr * KV * D);
+  const float* wo = take(Lr * D * D);
+  const float* rms_ffn = take(Lr * D);
+  const float* w1 = take(Lr * F * D);
+  const float* w2 = take(Lr * D * F);
+  const float* w3 = take(Lr * F * D);
+  m->w.out_norm = take(D);
+  p += c.max_ctx * hd;  // stored RoPE tables: recomputed instead
+  m->w.lm_head = c.tied_output ? m->w.tok_emb : take(c.vocab * D);
+  for (int64_t l = 0; l < Lr; ++l) {
+    LayerWeights& L = m->w.layers[l];
+    L.attn_norm = rms_att + l * D;
+    L.wq = wq + l * D * D;
+    L.wk = wk + l * KV * D;
+    L.wv = wv + l * KV * D;
+    L.wo = wo + l * D * D;
+    L.ffn_norm = rms_ffn + l * D;
+    L.w_gate = w1 + l * F * D;
+    L.w_down = w2 + l * D * F;
+    L.w_up = w3 + l * F * D;
+  }
+  m->w.tensor_types.push_back("F32 (llama2.c)");
+  if (opt.need_tokenizer) {
+    std::string tp = opt.tokenizer;
+    if (tp.empty()) {
+      const fs::path dir = fs::path(path).parent_path();
+      for (const std::string cand : {"tok" + std::to_string(c.vocab) + ".bin", std::string("tokenizer.bin")})
+        if (fs::exists(dir / cand)) {
+          tp = (dir / cand).string();
+          break;
+        }
+    }
+    FOCUS_CHECK(!tp.empty(), path, ": llama2.c checkpoints need --tokenizer FILE (no tokenizer.bin beside it)");
+    m->tok = io::make_tokenizer(io::vocab_from_llama2c(tp, (int32_t)c.vocab));
+  }
+  return m;
+}
+
+// ---------------------------------------------------------------- safetensors + config.json
+std::unique_ptr<Model> load_safetensors(const std::string& dir, const LoadOptions& opt) {
+  io::SafetensorsModel st = io::load_safetensors_dir(dir);
+  const nlohmann::json& j = st.config;
+  const std::string cfg_path = (fs::path(dir) / "config.json").string();
+  auto m = std::make_unique<Model>();
+  m->path = dir;
+  m->format = "safetensors";
+  ModelConfig& c = m->cfg;
+  auto num = [&](const char* k, auto def) {
+    using T = decltype(def);
+    if (!j.contains(k) || j[k].is_null()) return def;
+    FOCUS_CHECK(j[k].is_number(), cfg_path, ": '", k, "' is not a number");
+    return j[k].get<T>();
+  };
+  const std::string mt = j.value("model_type", "");
+  c.arch_name = mt;
+  std::string pre;  // tensor name prefix
+  auto has = [&](const std::string& n) { return st.find(n) != nullptr; };
+  if (mt == "gpt2") {
+    c.arch = Arch::GPT2;
+    c.dim = num("n_embd", int64_t(0));
+    c.layers = num("n_layer", int64_t(0));
+    c.heads = num("n_head", int64_t(0));
+    c.kv_heads = c.heads;
+    c.vocab = num("vocab_size", int64_t(0));
+    c.max_ctx = num("n_positions", int64_t(1024));
+    c.ffn = num("n_inner", int64_t(0));
+    if (c.ffn == 0) c.ffn = 4 * c.dim;
+    c.norm_eps = num("layer_norm_epsilon", 1e-5);
+    pre = has("transformer.wte.weight") ? "transformer." : "";
+  } else if (mt == "llama" || mt == "mistral" || mt == "qwen2" || mt == "gemma3" || mt == "gemma3_text") {
+    c.arch = (mt == "gemma3" || mt == "gemma3_text") ? Arch::Gemma3 : Arch::Llama;
+    const nlohmann::json& t = (mt == "gemma3" && j.contains("text_config")) ? j["text_config"] : j;
+    auto tnum = [&](const char* k, auto def) {
+      using T = decltype(def);
+      if (!t.contains(k) || t[k].is_null()) return def;
+      FOCUS_CHECK(t[k].is_number(), cfg_path, ": '", k, "' is not a number");
+      return t[k].get<T>();
+    };
+    c.dim = tnum("hidden_size", int64_t(0));
+    c.layers = tnum("num_hidden_layers", int64_t(0));
+    c.heads = tnum("num_attention_heads", int64_t(0));
+    c.kv_heads = tnum("num_key_value_heads", c.heads);
+    c.vocab = tnum("vocab_size", int64_t(0));
+    c.ffn = tnum("intermediate_size", int64_t(0));
+    c.max_ctx = tnum("max_position_embeddings", int64_t(2048));
+    c.norm_eps = tnum("rms_norm_eps", 1e-6);
+    c.rope_theta = tnum("rope_theta", 10000.0);
+    c.head_dim = tnum("head_dim", int64_t(0));
+    c.rope_style = cpu::RopeStyle::SplitHalf;  // HF stores q/k unpermuted
+    if (c.arch == Arch::Gemma3) {
+      c.rope_theta_local = tnum("rope_local_base_freq", 10000.0);
+      const int64_t sw = tnum("sliding_window", int64_t(512));
+      c.layer_window.assign(c.layers, 0);
+      if (t.contains("layer_types") && t["layer_types"].is_array()) {
+        FOCUS_CHECK((int64_t)t["layer_types"].size() == c.layers, cfg_path, ": layer_types has the wrong length");
+        for (int64_t l = 0; l < c.layers; ++l)
+          if (t["layer_types"][l] == "sliding_attention") c.layer_window[l] = sw;
+      } else {
+        const int64_t pat = tnum("sliding_window_pattern", int64_t(6));
+        for (int64_t l = 0; l < c.layers; ++l)
+          if ((l + 1) % pat != 0) c.layer_window[l] = sw;
+      }
+      const double qs = tnum("query_pre_attn_scalar", 0.0);
+      if (qs > 0) c.attn_scale = (float)(1.0 / std::sqrt(qs));
+      pre = has("model.language_model.embed_tokens.weight") ? "model.language_model." : "model.";
+    } else {
+      pre = "model.";
+      if (j.contains("rope_scaling") && !j["rope_scaling"].is_null())
+        fail(cfg_path, ": rope_scaling is not supported yet");
+    }
+  } else {
+    fail(cfg_path, ": unsupported model_type '", mt, "' (supported: gpt2, llama, mistral, qwen2, gemma3)");
+  }
+  apply_arch_defaults(c);
+  check_config(c, cfg_path);
+
+  std::map<std::string, int> type_count;
+  auto get = [&](const std::string& name, std::vector<int64_t> shape, bool required = true,
+                 bool transpose = false) -> const float* {
+    const io::STTensor* t = st.find(name);
+    if (!t) {
+      FOCUS_CHECK(!required, dir, ": missing tensor '", name, "'");
+      return nullptr;
+    }
+    FOCUS_CHECK(t->shape == shape, dir, ": tensor '", name, "' has an unexpected shape");
+    type_count[t->dtype]++;
+    m->w.n_params += t->n_elements();
+    std::vector<float> v = st.owner(name).to_float(*t);
+    if (transpose) {  // Conv1D [in, out] -> Linear [out, in]
+      std::vector<float> tr(v.size());
+      const int64_t R = shape[0], C = shape[1];
+      for (int64_t r = 0; r < R; ++r)
+        for (int64_t k = 0; k < C; ++k) tr[k * R + r] = v[r * C + k];
+      v.swap(tr);
+    }
+    return m->w.keep(std::move(v));
+  };
+  // Gemma's RMSNorm scales by (1 + w): fold the offset into the weight once.
+  auto get_norm = [&](const std::string& name, int64_t n) -> const float* {
+    const float* w = get(name, {n});
+    if (c.arch == Arch::Gemma3) {
+      float* mw = const_cast<float*>(w);
+      for (int64_t i = 0; i < n; ++i) mw[i] += 1.0f;
+    }
+    return w;
+  };
+  const int64_t D = c.dim, QD = c.q_dim(), KV = c.kv_dim(), F = c.ffn;
+  m->w.layers.resize(c.layers);
+  if (c.arch == Arch::GPT2) {
+    m->w.tok_emb = get(pre + "wte.weight", {c.vocab, D});
+    m->w.pos_emb = get(pre + "wpe.weight", {c.max_ctx, D});
+    m->w.out_norm = get(pre + "ln_f.weight", {D});
+    m->w.out_norm_b = get(pre + "ln_f.bias", {D});
+    m->w.lm_head = m->w.tok_emb;
+    for (int64_t l = 0; l < c.layers; ++l) {
+      const std::string p = pre + "h." + std::to_string(l) + ".";
+      LayerWeights& L = m->w.layers[l];
+      L.attn_norm = get(p + "ln_1.weight", {D});
+      L.attn_norm_b = get(p + "ln_1.bias", {D});
+      const float* qkv = get(p + "attn.c_attn.weight", {D, 3 * D}, true, true);  // now [3D, D]
+      const float* qkv_b = get(p + "attn.c_attn.bias", {3 * D});
+      L.wq = qkv;
+      L.wk = qkv + D * D;
+      L.wv = qkv + 2 * D * D;
+      L.bq = qkv_b;
+      L.bk = qkv_b + D;
+      L.bv = qkv_b + 2 * D;
+      L.wo = get(p + "attn.c_proj.weight", {D, D}, true, true);
+      L.bo = get(p + "attn.c_proj.bias", {D});
+      L.ffn_norm = get(p + "ln_2.weight", {D});
+      L.ffn_norm_b = get(p + "ln_2.bias", {D});
+      L.w_up = get(p + "mlp.c_fc.weight", {D, F}, true, true);
+      L.b_up = get(p + "mlp.c_fc.bias", {F});
+      L.w_down = get(p + "mlp.c_proj.weight", {F, D}, true, true);
+      L.b_down = get(p + "mlp.c_proj.bias", {D});
+    }
+  } else {
+    m->w.tok_emb = get(pre + "embed_tokens.weight", {c.vocab, D});
+    m->w.out_norm = get_norm(pre + "norm.weight", D);
+    m->w.lm_head = get("lm_head.weight", {c.vocab, D}, false);
+    c.tied_output = m->w.lm_head == nullptr;
+    if (c.tied_output) m->w.lm_head = m->w.tok_emb;
+    for (int64_t l = 0; l < c.layers; ++l) {
+      const std::string p = pre + "layers." + std::to_string(l) + ".";
+      LayerWeights& L = m->w.layers[l];
+      L.attn_norm = get_norm(p + "input_layernorm.weight", D);
+      L.wq = get(p + "self_attn.q_proj.weight", {QD, D});
+      L.wk = get(p + "self_attn.k_proj.weight", {KV, D});
+      L.wv = get(p + "self_attn.v_proj.weight", {KV, D});
+      L.wo = get(p + "self_attn.o_proj.weight", {D, QD});
+      L.bq = get(p + "self_attn.q_proj.bias", {QD}, false);
+      L.bk = get(p + "self_attn.k_proj.bias", {KV}, false);
+      L.bv = get(p + "self_attn.v_proj.bias", {KV}, false);
+      L.w_gate = get(p + "mlp.gate_proj.weight", {F, D});
+      L.w_up = get(p + "mlp.up_proj.weight", {F, D});
+      L.w_down = get(p + "mlp.down_proj.weight", {D, F});
+      if (c.arch == Arch::Gemma3) {
+        L.q_norm = get_norm(p + "self_attn.q_norm.weight", c.head_dim);
+        L.k_norm = get_norm(p + "self_attn.k_norm.weight", c.head_dim);
+        L.post_attn_norm = get_norm(p + "post_attention_layernorm.weight", D);
+        L.ffn_norm = get_norm(p + "pre_feedforward_layernorm.weight", D);
+        L.post_ffn_norm = get_norm(p + "post_feedforward_layernorm.weight", D);
+      } else {
+        L.ffn_norm = get_norm(p + "post_attention_layernorm.weight", D);
+      }
+    }
+  }
+  for (auto& [k, v] : type_count) m->w.tensor_types.push_back(k + " x " + std::to_string(v));
+  if (opt.need_tokenizer) {
+    std::string tp = opt.tokenizer;
+    if (tp.empty()) {
+      for (const char* cand : {"tokenizer.json", "vocab.json"})
+        if (fs::exists(fs::path(dir) / cand)) {
+          tp = (fs::path(dir) / (std::string(cand) == "vocab.json" ? "" : cand)).string();
+          break;
+        }
+    }
+    FOCUS_CHECK(!tp.empty(), dir, ": no tokenizer found (tokenizer.json or vocab.json + merges.txt); pass --tokenizer");
+    m->tok = io::load_tokenizer(tp);
+  }
+  return m;
+}
+
+bool has_suffix(const std::string& s, const std::string& suf) {
+  return s.size() >= suf.size() && s.compare(s.size() - suf.size(), suf.size(), suf) == 0;
+}
+
+}  // namespace
+
+std::string default_model_path(const std::string& name) {
+  std::string cache;
+  if (const char* e = std::getenv("FOCUS_CACHE"))
+    cache = e;
+  else
+    cache = std::string(std::getenv("HOME") ? std::getenv("HOME") : ".") + "/.cache/focus";
+  if (name == "smollm2") return cache + "/models/SmolLM2-135M-Instruct.Q4_1.gguf";
+  if (name == "gemma3-270m") return cache + "/models/gemma-3-270m-q4_k_m.gguf";
+  return "";
+}
+
+std::unique_ptr<Model> load_model(const std::string& spec, const LoadOptions& opt) {
+  std::string path = spec;
+  if (const std::string d = default_model_path(spec); !d.empty()) {
+    FOCUS_CHECK(fs::exists(d), "model '", spec, "' is not in the cache (", d, "); run scripts/setup.sh");
+    path = d;
+  }
+  FOCUS_CHECK(fs::exists(path), path, ": no such file or folder");
+  if (fs::is_directory(path)) return load_safetensors(path, opt);
+  // Decide by content, not by name: GGUF files start with the magic "GGUF".
+  {
+    MappedFile f(path);
+    if (f.size() >= 4 && std::memcmp(f.data(), "GGUF", 4) == 0) return load_gguf(path, opt);
+    if (has_suffix(path, ".gguf")) fail(path, ": not a GGUF file (bad magic)");
+    if (has_suffix(path, ".safetensors"))
+      fail(path, ": pass the folder holding the safetensors files and config.json, not the file");
+  }
+  return load_llama2c(path, opt);
+}
+
+}  // namespace focus

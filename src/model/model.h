@@ -1,0 +1,48 @@
+// A loaded model (config, float32 weights, tokenizer) and its forward pass.
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "io/tokenizer.h"
+#include "model/config.h"
+#include "model/weights.h"
+
+namespace focus {
+
+struct LoadOptions {
+  std::string tokenizer;   // explicit tokenizer path (llama2.c models, or to override)
+  bool need_tokenizer = true;
+};
+
+struct Model {
+  ModelConfig cfg;
+  ModelWeights w;
+  std::unique_ptr<io::Tokenizer> tok;  // may be null when not needed
+  std::string path, format;            // format: "gguf", "llama2c", "safetensors"
+};
+
+// MODEL is a .gguf, a llama2.c .bin, a folder with safetensors + config.json, or a cached
+// default name ("smollm2", "gemma3-270m"). Throws Error naming the file and the problem.
+std::unique_ptr<Model> load_model(const std::string& spec, const LoadOptions& opt = {});
+// The path a default name resolves to ("" if spec is not a default name).
+std::string default_model_path(const std::string& name);
+
+// Keys and values of every layer for positions 0 .. len-1.
+struct KVCache {
+  int64_t capacity = 0, len = 0, kv_dim = 0;
+  std::vector<std::vector<float>> k, v;  // per layer [capacity, kv_dim]
+  void init(const ModelConfig& c, int64_t cap);
+  void clear() { len = 0; }
+};
+
+// Runs tokens ids[0..T) at positions cache.len .. cache.len+T-1, appends their keys/values to
+// the cache, and writes the final-normed hidden states to hidden[T, dim].
+void forward(const Model& m, const int32_t* ids, int64_t T, KVCache& cache, float* hidden);
+
+// logits[r, :] = hidden[r, :] . lm_head^T for r in [0, rows).
+void compute_logits(const Model& m, const float* hidden, int64_t rows, float* logits);
+
+}  // namespace focus

@@ -59,7 +59,8 @@ PplResult perplexity(const Model& m, const std::vector<int32_t>& ids, const PplO
       for (int64_t i = 0; i < rows; ++i)
         lp[i] = cpu::log_prob(logits.data() + i * m.cfg.vocab, m.cfg.vocab, ids[t0r + i]);
       for (int64_t i = 0; i < rows; ++i) {
-        FOCUS_CHECK(std::isfinite(lp[i]), "perplexity: non-finite log-probability at token ", t0r + i);
+        FOCUS_CHECK(std::isfinite(lp[i]), m.path, ": non-finite log-probability at token ", t0r + i,
+                    " (NaN or Inf in the weights or activations)");
         r.nll_sum -= lp[i];
       }
       r.tokens += rows;

@@ -1,0 +1,255 @@
+#include "focus/router.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+#include "core/error.h"
+
+namespace focus {
+namespace {
+
+constexpr float kNormFloor = 1e-12f;  // |r| and |c| below this are treated as this (avoids 0/0)
+
+typedef float v16 __attribute__((vector_size(64)));
+inline v16 load(const float* p) {
+  v16 r;
+  __builtin_memcpy(&r, p, sizeof(r));
+  return r;
+}
+
+// sum_d a[d] * b[d], vectorised; the summation order is fixed.
+float dot(const float* a, const float* b, int64_t n) {
+  v16 acc0{}, acc1{};
+  int64_t d = 0;
+  for (; d + 32 <= n; d += 32) {
+    acc0 += load(a + d) * load(b + d);
+    acc1 += load(a + d + 16) * load(b + d + 16);
+  }
+  for (; d + 16 <= n; d += 16) acc0 += load(a + d) * load(b + d);
+  acc0 += acc1;
+  float s = 0.f;
+  for (int i = 0; i < 16; ++i) s += acc0[i];
+  for (; d < n; ++d) s += a[d] * b[d];
+  return s;
+}
+
+// splitmix64 + Box-Muller: a normal generator that gives the same numbers on every platform.
+struct Rng {
+  uint64_t state;
+  uint64_t next() {
+    uint64_t z = (state += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+  }
+  double uniform() { return ((next() >> 11) + 0.5) * (1.0 / 9007199254740992.0); }  // (0, 1)
+  double normal() { return std::sqrt(-2.0 * std::log(uniform())) * std::cos(6.283185307179586 * uniform()); }
+};
+
+void check_config(const RouterConfig& c) {
+  FOCUS_CHECK(c.dim >= 1, "router: input width D must be >= 1, got ", c.dim);
+  FOCUS_CHECK(c.d_g >= 1 && c.d_g <= c.dim, "router: d_g must be in [1, D=", c.dim, "], got ", c.d_g);
+  FOCUS_CHECK(c.groups >= 1, "router: number of groups must be >= 1, got ", c.groups);
+  FOCUS_CHECK(c.tau > 0.f && std::isfinite(c.tau), "router: tau must be positive and finite, got ", c.tau);
+}
+
+void check_params(const RouterParams& rp) {
+  check_config(rp.cfg);
+  FOCUS_CHECK((int64_t)rp.params.size() == rp.size(), "router: parameter vector has ", rp.params.size(),
+              " floats, config needs ", rp.size());
+  FOCUS_CHECK((int64_t)rp.bias.size() == rp.cfg.groups, "router: bias has ", rp.bias.size(), " entries, G = ",
+              rp.cfg.groups);
+}
+
+}  // namespace
+
+float RouterParams::tau() const { return cfg.learn_tau ? std::exp(params[log_tau_offset()]) : cfg.tau; }
+
+RouterParams router_init(const RouterConfig& cfg, uint64_t seed) {
+  check_config(cfg);
+  RouterParams rp;
+  rp.cfg = cfg;
+  rp.params.assign(rp.size(), 0.f);
+  rp.bias.assign(cfg.groups, 0.f);
+  Rng rng{seed};
+  const double wscale = 1.0 / std::sqrt((double)cfg.dim);
+  for (int64_t i = 0; i < cfg.d_g * cfg.dim; ++i) rp.params[i] = (float)(rng.normal() * wscale);
+  float* c = rp.centroids();
+  for (int64_t g = 0; g < cfg.groups; ++g) {
+    double n2 = 0;
+    std::vector<double> v(cfg.d_g);
+    for (auto& e : v) {
+      e = rng.normal();
+      n2 += e * e;
+    }
+    const double inv = 1.0 / std::sqrt(std::max(n2, 1e-30));
+    for (int64_t a = 0; a < cfg.d_g; ++a) c[g * cfg.d_g + a] = (float)(v[a] * inv);
+  }
+  if (cfg.learn_tau) rp.params[rp.log_tau_offset()] = std::log(cfg.tau);
+  return rp;
+}
+
+void router_forward(const RouterParams& rp, const float* x, int64_t n, RouterCache& cache) {
+  check_params(rp);
+  FOCUS_CHECK(n >= 0, "router_forward: negative token count ", n);
+  FOCUS_CHECK(n == 0 || x, "router_forward: null input");
+  const int64_t D = rp.cfg.dim, dg = rp.cfg.d_g, G = rp.cfg.groups;
+  const float inv_tau = 1.f / rp.tau();
+  FOCUS_CHECK(std::isfinite(inv_tau), "router_forward: temperature overflowed (log_tau out of range)");
+  const float* W = rp.w_r();  // [d_g, D]
+  const float* C = rp.centroids();  // [G, d_g]
+  const float* b = rp.bias.data();  // [G]
+
+  cache.n = n;
+  cache.r_hat.resize(n * dg);
+  cache.r_norm.resize(n);
+  cache.c_hat.resize(G * dg);
+  cache.c_norm.resize(G);
+  cache.s.resize(n * G);
+  cache.p.resize(n * G);
+  for (int64_t g = 0; g < G; ++g) {
+    const float nrm = std::max(std::sqrt(dot(C + g * dg, C + g * dg, dg)), kNormFloor);
+    cache.c_norm[g] = nrm;
+    for (int64_t a = 0; a < dg; ++a) cache.c_hat[g * dg + a] = C[g * dg + a] / nrm;
+  }
+
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < n; ++i) {
+    float* u = cache.r_hat.data() + i * dg;  // r_i, then normalised in place
+    for (int64_t a = 0; a < dg; ++a) u[a] = dot(W + a * D, x + i * D, D);
+    float n2 = 0.f;
+    for (int64_t a = 0; a < dg; ++a) n2 += u[a] * u[a];
+    const float nrm = std::max(std::sqrt(n2), kNormFloor);
+    cache.r_norm[i] = nrm;
+    for (int64_t a = 0; a < dg; ++a) u[a] /= nrm;
+    float* s = cache.s.data() + i * G;
+    float* p = cache.p.data() + i * G;
+    float mx = -std::numeric_limits<float>::infinity();
+    for (int64_t g = 0; g < G; ++g) {
+      float c = 0.f;
+      for (int64_t a = 0; a < dg; ++a) c += u[a] * cache.c_hat[g * dg + a];
+      s[g] = c * inv_tau;
+      mx = std::max(mx, s[g] + b[g]);
+    }
+    float sum = 0.f;
+    for (int64_t g = 0; g < G; ++g) sum += (p[g] = std::exp(s[g] + b[g] - mx));
+    for (int64_t g = 0; g < G; ++g) p[g] /= sum;
+  }
+}
+
+void router_backward(const RouterParams& rp, const float* x, const RouterCache& cache, const float* dp,
+                     const float* ds_in, float* dparams, float* dx) {
+  check_params(rp);
+  const int64_t n = cache.n, D = rp.cfg.dim, dg = rp.cfg.d_g, G = rp.cfg.groups;
+  FOCUS_CHECK((int64_t)cache.s.size() == n * G && (int64_t)cache.r_hat.size() == n * dg,
+              "router_backward: cache does not match the router config (run router_forward first)");
+  FOCUS_CHECK(dparams, "router_backward: null parameter gradient");
+  FOCUS_CHECK(n == 0 || x, "router_backward: null input");
+  const float inv_tau = 1.f / rp.tau();
+  const float* W = rp.w_r();
+  float* dW = dparams + rp.w_r_offset();
+  float* dC = dparams + rp.centroids_offset();
+
+  // dcos [N, G] = dL/ds / tau, with dL/ds = p * (dp - <p, dp>) + ds_in; dr [N, d_g].
+  std::vector<float> dcos(n * G), dr(n * dg), dlt(n);  // dlt: per-row dL/dlog_tau, summed in order
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < n; ++i) {
+    const float* p = cache.p.data() + i * G;
+    const float* s = cache.s.data() + i * G;
+    float* dc = dcos.data() + i * G;
+    float pdp = 0.f, dlti = 0.f;
+    if (dp)
+      for (int64_t g = 0; g < G; ++g) pdp += p[g] * dp[i * G + g];
+    for (int64_t g = 0; g < G; ++g) {
+      float d = dp ? p[g] * (dp[i * G + g] - pdp) : 0.f;
+      if (ds_in) d += ds_in[i * G + g];
+      dlti -= d * s[g];  // s = cos * exp(-log_tau)
+      dc[g] = d * inv_tau;
+    }
+    dlt[i] = dlti;
+    // du = sum_g dcos_g c_hat_g; dr = (du - u <u, du>) / |r|.
+    const float* u = cache.r_hat.data() + i * dg;
+    float* dri = dr.data() + i * dg;
+    for (int64_t a = 0; a < dg; ++a) dri[a] = 0.f;
+    for (int64_t g = 0; g < G; ++g)
+      for (int64_t a = 0; a < dg; ++a) dri[a] += dc[g] * cache.c_hat[g * dg + a];
+    float udu = 0.f;
+    for (int64_t a = 0; a < dg; ++a) udu += u[a] * dri[a];
+    const float inv_n = 1.f / cache.r_norm[i];
+    for (int64_t a = 0; a < dg; ++a) dri[a] = (dri[a] - u[a] * udu) * inv_n;
+    // dx_i += W^T dr_i.
+    if (dx) {
+      float* dxi = dx + i * D;
+      for (int64_t a = 0; a < dg; ++a) {
+        const float c = dri[a];
+        const float* w = W + a * D;
+        for (int64_t d = 0; d < D; ++d) dxi[d] += c * w[d];
+      }
+    }
+  }
+  // dW [d_g, D] += sum_i dr_i x_i^T: each thread owns a slice of columns, sums over i in order.
+#pragma omp parallel
+  {
+#pragma omp for schedule(static)
+    for (int64_t blk = 0; blk < (D + 63) / 64; ++blk) {
+      const int64_t d0 = blk * 64, d1 = std::min<int64_t>(D, d0 + 64);
+      for (int64_t i = 0; i < n; ++i) {
+        const float* xi = x + i * D;
+        for (int64_t a = 0; a < dg; ++a) {
+          const float c = dr[i * dg + a];
+          float* w = dW + a * D;
+          for (int64_t d = d0; d < d1; ++d) w[d] += c * xi[d];
+        }
+      }
+    }
+  }
+  // dC: dc_hat_g = sum_i dcos_ig u_i; dc_g = (dc_hat - c_hat <c_hat, dc_hat>) / |c_g|.
+  std::vector<float> dch(G * dg, 0.f);
+  for (int64_t i = 0; i < n; ++i) {
+    const float* u = cache.r_hat.data() + i * dg;
+    for (int64_t g = 0; g < G; ++g) {
+      const float c = dcos[i * G + g];
+      for (int64_t a = 0; a < dg; ++a) dch[g * dg + a] += c * u[a];
+    }
+  }
+  for (int64_t g = 0; g < G; ++g) {
+    const float* ch = cache.c_hat.data() + g * dg;
+    float proj = 0.f;
+    for (int64_t a = 0; a < dg; ++a) proj += ch[a] * dch[g * dg + a];
+    for (int64_t a = 0; a < dg; ++a) dC[g * dg + a] += (dch[g * dg + a] - ch[a] * proj) / cache.c_norm[g];
+  }
+  if (rp.cfg.learn_tau) {
+    double sum = 0.0;
+    for (int64_t i = 0; i < n; ++i) sum += dlt[i];
+    dparams[rp.log_tau_offset()] += (float)sum;
+  }
+}
+
+void router_topk(const float* logits, const float* bias, int64_t n, int64_t g, int k, int32_t* groups) {
+  FOCUS_CHECK(k >= 1 && k <= g, "router_topk: k must be in [1, G=", g, "], got ", k);
+  FOCUS_CHECK(n >= 0, "router_topk: negative token count ", n);
+  FOCUS_CHECK(n == 0 || (logits && groups), "router_topk: null buffer");
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < n; ++i) {
+    const float* s = logits + i * g;
+    int32_t* out = groups + i * k;
+    // Selection by repeated max: k is 1 or 2 in practice.
+    int cnt = 0;
+    for (int t = 0; t < k; ++t) {
+      int best = -1;
+      float bv = 0.f;
+      for (int64_t c = 0; c < g; ++c) {
+        bool taken = false;
+        for (int u = 0; u < cnt; ++u) taken |= out[u] == c;
+        if (taken) continue;
+        const float v = s[c] + (bias ? bias[c] : 0.f);
+        if (best < 0 || v > bv) best = (int)c, bv = v;
+      }
+      out[cnt++] = best;
+    }
+    std::sort(out, out + k);
+  }
+}
+
+}  // namespace focus

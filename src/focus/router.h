@@ -1,0 +1,67 @@
+// The Focus router (spec section 2): one per layer, shared by all heads of the layer.
+//   r_i  = W_r x_i                                   x [N, D] -> r [N, d_g]
+//   s_ig = <r_i / |r_i|, c_g / |c_g|> / tau          cosine scores [N, G]
+//   p_i  = softmax_g(s_i + b)                        soft assignment [N, G] (b: balancing bias)
+// Hard mode keeps the top-k groups of s_i + b per token (router_topk).
+// Backward passes accumulate (+=) into their gradient buffers; the caller zeroes them.
+#pragma once
+#include <cstdint>
+#include <vector>
+
+namespace focus {
+
+struct RouterConfig {
+  int64_t dim = 0;         // D: width of the router input (the attention block's normed input)
+  int64_t d_g = 16;        // routing dimension, 1 <= d_g <= D
+  int64_t groups = 8;      // G
+  float tau = 0.1f;        // temperature (the initial value when learned)
+  bool learn_tau = false;  // train log_tau as a parameter
+};
+
+// Trainable parameters in one flat vector (for the optimizer), plus the gradient-free bias.
+//   params = [ W_r (d_g x D, row-major) | C (G x d_g, row-major) | log_tau (only if learn_tau) ]
+struct RouterParams {
+  RouterConfig cfg;
+  std::vector<float> params;  // trainable
+  std::vector<float> bias;    // [G] balancing bias b, updated without gradient (see BiasBalancer)
+
+  int64_t w_r_offset() const { return 0; }
+  int64_t centroids_offset() const { return cfg.d_g * cfg.dim; }
+  int64_t log_tau_offset() const { return cfg.learn_tau ? centroids_offset() + cfg.groups * cfg.d_g : -1; }
+  int64_t size() const { return centroids_offset() + cfg.groups * cfg.d_g + (cfg.learn_tau ? 1 : 0); }
+
+  float* w_r() { return params.data(); }
+  const float* w_r() const { return params.data(); }
+  float* centroids() { return params.data() + centroids_offset(); }
+  const float* centroids() const { return params.data() + centroids_offset(); }
+  float tau() const;  // exp(log_tau) when learned, cfg.tau otherwise
+};
+
+// W_r ~ N(0, 1/D); centroids: random unit vectors; log_tau = log(cfg.tau); bias = 0. Seeded.
+RouterParams router_init(const RouterConfig& cfg, uint64_t seed);
+
+// What router_backward needs from the forward pass.
+struct RouterCache {
+  int64_t n = 0;
+  std::vector<float> r_hat;   // [N, d_g]  r_i / |r_i|
+  std::vector<float> r_norm;  // [N]       |r_i|
+  std::vector<float> c_hat;   // [G, d_g]  c_g / |c_g|
+  std::vector<float> c_norm;  // [G]       |c_g|
+  std::vector<float> s;       // [N, G]    scores
+  std::vector<float> p;       // [N, G]    softmax(s + b)
+};
+
+// x [N, D] -> cache (s, p and the intermediates).
+void router_forward(const RouterParams& rp, const float* x, int64_t n, RouterCache& cache);
+
+// Given dL/dp [N, G] and/or dL/ds [N, G] (either may be null; ds is added to the gradient that
+// flows from dp through the softmax), accumulates dL/dparams (same layout as rp.params) and,
+// if dx is not null, dL/dx [N, D]. The bias b gets no gradient.
+void router_backward(const RouterParams& rp, const float* x, const RouterCache& cache, const float* dp,
+                     const float* ds, float* dparams, float* dx);
+
+// Hard top-k membership: the k best groups of logits_i + bias (bias may be null), written in
+// ascending group order to groups [N, k]; ties go to the lower group index.
+void router_topk(const float* logits, const float* bias, int64_t n, int64_t g, int k, int32_t* groups);
+
+}  // namespace focus

@@ -1,0 +1,527 @@
+#include "focus/soft_attention.h"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "core/error.h"
+
+namespace focus {
+namespace {
+
+constexpr int kB = 64;  // query rows and keys per tile
+constexpr int kV = 16;  // floats per vector
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+typedef float v16 __attribute__((vector_size(64)));
+typedef int32_t v16i __attribute__((vector_size(64)));
+
+inline v16 bcast(float x) { return v16{} + x; }
+inline v16 load(const float* p) {
+  v16 r;
+  __builtin_memcpy(&r, p, sizeof(r));
+  return r;
+}
+inline void store(float* p, v16 x) { __builtin_memcpy(p, &x, sizeof(x)); }
+inline int64_t pad16(int64_t x) { return (x + kV - 1) / kV * kV; }
+
+// exp(x) per lane (Cephes polynomial, ~1 ulp); exactly 0 for x < -87.3, so exp(-inf) = 0.
+inline v16 vexp(v16 x) {
+  const v16i tiny = x < bcast(-87.33654f);
+  x = tiny ? bcast(-87.33654f) : x;
+  x = x > bcast(88.0f) ? bcast(88.0f) : x;
+  const v16 magic = bcast(12582912.f);  // 1.5 * 2^23: adding it rounds to an integer
+  const v16 fx = (x * 1.44269504088896341f + magic) - magic;
+  const v16 r = x - fx * 0.693359375f + fx * 2.12194440e-4f;
+  v16 y = bcast(1.9875691500e-4f);
+  y = y * r + 1.3981999507e-3f;
+  y = y * r + 8.3334519073e-3f;
+  y = y * r + 4.1665795894e-2f;
+  y = y * r + 1.6666665459e-1f;
+  y = y * r + 5.0000001201e-1f;
+  y = y * r * r + r + 1.f;
+  const v16i bits = (__builtin_convertvector(fx, v16i) + 127) << 23;
+  v16 pow2;
+  __builtin_memcpy(&pow2, &bits, sizeof(pow2));
+  y *= pow2;
+  return tiny ? v16{} : y;
+}
+
+// log(x) per lane for positive normal x (Cephes polynomial, ~1 ulp).
+inline v16 vlog(v16 x) {
+  v16i bits;
+  __builtin_memcpy(&bits, &x, sizeof(bits));
+  v16 e = __builtin_convertvector(((bits >> 23) & 0xff) - 126, v16);  // x = m * 2^e, m in [0.5, 1)
+  const v16i mb = (bits & 0x007fffff) | 0x3f000000;
+  v16 m;
+  __builtin_memcpy(&m, &mb, sizeof(m));
+  const v16i small = m < bcast(0.707106781186547524f);
+  e = small ? e - 1.f : e;
+  m = small ? m + m - 1.f : m - 1.f;
+  const v16 z = m * m;
+  v16 y = bcast(7.0376836292e-2f);
+  y = y * m - 1.1514610310e-1f;
+  y = y * m + 1.1676998740e-1f;
+  y = y * m - 1.2420140846e-1f;
+  y = y * m + 1.4249322787e-1f;
+  y = y * m - 1.6668057665e-1f;
+  y = y * m + 2.0000714765e-1f;
+  y = y * m - 2.4999993993e-1f;
+  y = y * m + 3.3333331174e-1f;
+  y = y * m * z;
+  y += e * -2.12194440e-4f;
+  y -= 0.5f * z;
+  return m + y + e * 0.693359375f;
+}
+
+inline v16 vmax(v16 a, v16 b) { return a > b ? a : b; }
+inline float hmax(v16 a) {
+  float m = a[0];
+  for (int i = 1; i < kV; ++i) m = std::max(m, a[i]);
+  return m;
+}
+inline float hsum(v16 a) {
+  float s = 0.f;
+  for (int i = 0; i < kV; ++i) s += a[i];
+  return s;
+}
+
+// ---- small GEMM: C[M, Nn] (=|+=) A(M x K) . B[K, Nn] with A(m, k) = TA ? a[k*lda + m] : a[m*lda + k].
+// Nn is a multiple of 16; MR x NV register blocks (6 x 4 vectors in the bulk).
+template <bool TA, int MR, int NV>
+inline void gemm_block(const float* a, int64_t lda, const float* b, int64_t ldb, float* c, int64_t ldc, int K,
+                       bool acc) {
+  v16 r[MR][NV];
+  for (int i = 0; i < MR; ++i)
+    for (int j = 0; j < NV; ++j) r[i][j] = acc ? load(c + i * ldc + j * kV) : v16{};
+  for (int p = 0; p < K; ++p) {
+    v16 bv[NV];
+    for (int j = 0; j < NV; ++j) bv[j] = load(b + p * ldb + j * kV);
+    for (int i = 0; i < MR; ++i) {
+      const v16 av = bcast(TA ? a[p * lda + i] : a[i * lda + p]);
+      for (int j = 0; j < NV; ++j) r[i][j] += av * bv[j];
+    }
+  }
+  for (int i = 0; i < MR; ++i)
+    for (int j = 0; j < NV; ++j) store(c + i * ldc + j * kV, r[i][j]);
+}
+
+template <bool TA, int NV>
+void gemm_rows(const float* a, int64_t lda, const float* b, int64_t ldb, float* c, int64_t ldc, int M, int K,
+               bool acc) {
+  auto ap = [&](int m) { return TA ? a + m : a + m * lda; };
+  int m = 0;
+  for (; m + 6 <= M; m += 6) gemm_block<TA, 6, NV>(ap(m), lda, b, ldb, c + m * ldc, ldc, K, acc);
+  if (m + 4 <= M) gemm_block<TA, 4, NV>(ap(m), lda, b, ldb, c + m * ldc, ldc, K, acc), m += 4;
+  if (m + 2 <= M) gemm_block<TA, 2, NV>(ap(m), lda, b, ldb, c + m * ldc, ldc, K, acc), m += 2;
+  if (m < M) gemm_block<TA, 1, NV>(ap(m), lda, b, ldb, c + m * ldc, ldc, K, acc);
+}
+
+template <bool TA>
+void gemm(const float* a, int64_t lda, const float* b, int64_t ldb, float* c, int64_t ldc, int M, int K, int Nn,
+          bool acc) {
+  for (int n0 = 0; n0 < Nn; n0 += 4 * kV) {
+    switch (std::min(4, (Nn - n0) / kV)) {
+      case 4: gemm_rows<TA, 4>(a, lda, b + n0, ldb, c + n0, ldc, M, K, acc); break;
+      case 3: gemm_rows<TA, 3>(a, lda, b + n0, ldb, c + n0, ldc, M, K, acc); break;
+      case 2: gemm_rows<TA, 2>(a, lda, b + n0, ldb, c + n0, ldc, M, K, acc); break;
+      default: gemm_rows<TA, 1>(a, lda, b + n0, ldb, c + n0, ldc, M, K, acc); break;
+    }
+  }
+}
+
+// ---- packing. Row tiles: the rows of tile b (tokens b*64 .. b*64+nr-1) of all `heads` heads lie at
+// [b*64*heads, b*64*heads + heads*nr), ordered (head, token), each padded to hdp floats. The heads of
+// one KV group are then one contiguous block of rows.
+struct Dims {
+  int64_t n, H, KVH, gs, hd, hdp, G, Gp, nb;
+};
+
+inline int tile_len(int64_t n, int64_t b) { return (int)std::min<int64_t>(kB, n - b * kB); }
+inline int64_t row_index(int64_t n, int64_t heads, int64_t i, int64_t h) {
+  const int64_t b = i / kB;
+  return b * kB * heads + h * tile_len(n, b) + (i - b * kB);
+}
+
+// src [n, heads, hd] -> row tiles [n * heads, hdp], times scale.
+void pack_rows(const float* src, int64_t n, int64_t heads, int64_t hd, int64_t hdp, float scale, float* dst) {
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < n; ++i)
+    for (int64_t h = 0; h < heads; ++h) {
+      const float* s = src + (i * heads + h) * hd;
+      float* d = dst + row_index(n, heads, i, h) * hdp;
+      for (int64_t e = 0; e < hd; ++e) d[e] = s[e] * scale;
+      for (int64_t e = hd; e < hdp; ++e) d[e] = 0.f;
+    }
+}
+
+// src [n, heads, hd] -> transposed tiles [nb, heads, hdp, 64] (zero padding in both dims).
+void pack_cols(const float* src, int64_t n, int64_t heads, int64_t hd, int64_t hdp, float* dst) {
+  const int64_t nb = (n + kB - 1) / kB;
+#pragma omp parallel for schedule(static)
+  for (int64_t bh = 0; bh < nb * heads; ++bh) {
+    const int64_t b = bh / heads, h = bh % heads;
+    const int cols = tile_len(n, b);
+    float* d = dst + bh * hdp * kB;
+    std::fill(d, d + hdp * kB, 0.f);
+    for (int c = 0; c < cols; ++c) {
+      const float* s = src + ((b * kB + c) * heads + h) * hd;
+      for (int64_t e = 0; e < hd; ++e) d[e * kB + c] = s[e];
+    }
+  }
+}
+
+// p [n, G] -> pp [n, Gp] (zero-padded rows) and pt [nb, G, 64] (transposed tiles).
+void pack_p(const float* p, const Dims& d, float* pp, float* pt) {
+  std::fill(pp, pp + d.n * d.Gp, 0.f);
+  std::fill(pt, pt + d.nb * d.G * kB, 0.f);
+  for (int64_t i = 0; i < d.n; ++i)
+    for (int64_t g = 0; g < d.G; ++g) {
+      pp[i * d.Gp + g] = p[i * d.G + g];
+      pt[((i / kB) * d.G + g) * kB + i % kB] = p[i * d.G + g];
+    }
+}
+
+// ---- the additive tile: masking and the Focus bias of one (query tile, key tile) pair.
+struct TileInfo {
+  bool mask;        // some pair is invisible (causal diagonal, sliding window, padding)
+  bool biased;      // some pair carries the bias
+  bool all_biased;  // every pair carries the bias
+  bool add() const { return mask || biased; }  // the scores need the additive tile
+};
+
+TileInfo classify(const SoftAttnShape& s, bool has_p, int64_t t0, int nr, int64_t j0, int cols) {
+  const int64_t i_lo = t0, i_hi = t0 + nr - 1, j_lo = j0, j_hi = j0 + cols - 1;
+  TileInfo info{j_hi > i_lo || cols < kB, false, false};
+  if (s.sliding_window > 0 && i_hi - j_lo >= s.sliding_window) info.mask = true;
+  if (has_p) {
+    const int64_t jb = std::max(j_lo, s.sinks);  // first non-sink key
+    info.biased = jb <= j_hi && i_hi - jb >= s.window;
+    info.all_biased = j_lo >= s.sinks && i_lo - j_hi >= s.window;
+  }
+  return info;
+}
+
+// add [nr, 64] = -inf where masked, log(A + eps) where biased, 0 elsewhere, A = p_q . p_k^T;
+// inv [nr, 64] (if not null) = 1 / (A + eps) where biased and visible, 0 elsewhere.
+void build_tile(const SoftAttnShape& s, const Dims& d, const float* pp, const float* pt, int64_t t0, int nr,
+                int64_t j0, int cols, const TileInfo& info, float* add, float* inv) {
+  const int64_t kb = j0 / kB;
+  if (info.biased) gemm<false>(pp + t0 * d.Gp, d.Gp, pt + kb * d.G * kB, kB, add, kB, nr, (int)d.G, kB, false);
+  for (int t = 0; t < nr; ++t) {
+    float* ar = add + t * kB;
+    float* ir = inv ? inv + t * kB : nullptr;
+    if (info.biased)
+      for (int c = 0; c < kB; c += kV) {
+        const v16 a = load(ar + c) + s.eps;
+        store(ar + c, vlog(a));
+        if (ir) store(ir + c, 1.f / a);
+      }
+    if (info.all_biased && !info.mask) continue;
+    const int64_t i = t0 + t;
+    const int64_t vis_hi = std::clamp<int64_t>(i - j0 + 1, 0, cols);
+    const int64_t vis_lo = s.sliding_window > 0 ? std::clamp<int64_t>(i - s.sliding_window + 1 - j0, 0, cols) : 0;
+    const int64_t b_lo = info.biased ? std::clamp<int64_t>(s.sinks - j0, 0, kB) : kB;
+    const int64_t b_hi = info.biased ? std::clamp<int64_t>(i - s.window - j0 + 1, 0, kB) : 0;
+    for (int c = 0; c < kB; ++c) {
+      const bool vis = c >= vis_lo && c < vis_hi;
+      if (vis && c >= b_lo && c < b_hi) continue;  // biased: keep log(A + eps)
+      ar[c] = vis ? 0.f : kNegInf;
+      if (ir) ir[c] = 0.f;
+    }
+  }
+}
+
+void check_shape(const char* who, const SoftAttnShape& s, bool has_p) {
+  FOCUS_CHECK(s.n >= 0, who, ": negative token count ", s.n);
+  FOCUS_CHECK(s.heads >= 1 && s.kv_heads >= 1 && s.heads % s.kv_heads == 0, who, ": heads (", s.heads,
+              ") must be a positive multiple of kv_heads (", s.kv_heads, ")");
+  FOCUS_CHECK(s.head_dim >= 1, who, ": head_dim must be >= 1, got ", s.head_dim);
+  FOCUS_CHECK(s.window >= 0 && s.sinks >= 0 && s.sliding_window >= 0, who,
+              ": window, sinks and sliding_window must be >= 0");
+  FOCUS_CHECK(std::isfinite(s.scale), who, ": scale must be finite");
+  if (has_p) {
+    FOCUS_CHECK(s.groups >= 1, who, ": groups must be >= 1 when p is given, got ", s.groups);
+    FOCUS_CHECK(s.eps > 0.f && std::isfinite(s.eps), who, ": eps must be positive, got ", s.eps);
+  }
+}
+
+Dims make_dims(const SoftAttnShape& s, bool has_p) {
+  Dims d;
+  d.n = s.n;
+  d.H = s.heads;
+  d.KVH = s.kv_heads;
+  d.gs = s.heads / s.kv_heads;
+  d.hd = s.head_dim;
+  d.hdp = pad16(s.head_dim);
+  d.G = has_p ? s.groups : 0;
+  d.Gp = has_p ? pad16(s.groups) : 0;
+  d.nb = (s.n + kB - 1) / kB;
+  return d;
+}
+
+// Key tiles a query tile needs: [lo, qb].
+inline int64_t first_key_tile(const SoftAttnShape& s, int64_t t0) {
+  return s.sliding_window > 0 ? std::max<int64_t>(0, t0 - s.sliding_window + 1) / kB : 0;
+}
+// Query tiles a key tile feeds: [kb, hi].
+inline int64_t last_query_tile(const SoftAttnShape& s, const Dims& d, int64_t kb) {
+  if (s.sliding_window <= 0) return d.nb - 1;
+  const int64_t j_hi = std::min<int64_t>(d.n, (kb + 1) * kB) - 1;
+  return std::min<int64_t>(d.nb - 1, (j_hi + s.sliding_window - 1) / kB);
+}
+
+}  // namespace
+
+void soft_attention_forward(const float* q, const float* k, const float* v, const float* p, float* o, float* lse,
+                            const SoftAttnShape& s) {
+  const bool has_p = p != nullptr;
+  check_shape("soft_attention_forward", s, has_p);
+  if (s.n == 0) return;
+  FOCUS_CHECK(q && k && v && o, "soft_attention_forward: null q, k, v or o");
+  const Dims d = make_dims(s, has_p);
+  const int64_t hdp = d.hdp;
+
+  // Shared packed operands: K^T tiles, V row tiles, p.
+  std::vector<float> ktp(d.nb * d.KVH * hdp * kB), vp(d.n * d.KVH * hdp), pp(d.n * d.Gp), pt(d.nb * d.G * kB);
+  pack_cols(k, d.n, d.KVH, d.hd, hdp, ktp.data());
+  pack_rows(v, d.n, d.KVH, d.hd, hdp, 1.f, vp.data());
+  if (has_p) pack_p(p, d, pp.data(), pt.data());
+
+#pragma omp parallel
+  {
+    std::vector<float> qt(d.H * kB * hdp), ot(d.H * kB * hdp), m(d.H * kB), l(d.H * kB);
+    std::vector<float> st(d.gs * kB * kB), add(kB * kB);
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t it = 0; it < d.nb; ++it) {
+      const int64_t qb = d.nb - 1 - it;  // heavy (late) query tiles first
+      const int64_t t0 = qb * kB;
+      const int nr = tile_len(d.n, qb);
+      // Q tile of all heads, pre-scaled, rows ordered (head, token).
+      for (int64_t h = 0; h < d.H; ++h)
+        for (int r = 0; r < nr; ++r) {
+          const float* src = q + ((t0 + r) * d.H + h) * d.hd;
+          float* dst = qt.data() + (h * nr + r) * hdp;
+          for (int64_t e = 0; e < d.hd; ++e) dst[e] = src[e] * s.scale;
+          for (int64_t e = d.hd; e < hdp; ++e) dst[e] = 0.f;
+        }
+      std::fill(ot.begin(), ot.begin() + d.H * nr * hdp, 0.f);
+      std::fill(m.begin(), m.end(), kNegInf);
+      std::fill(l.begin(), l.end(), 0.f);
+
+      for (int64_t kb = first_key_tile(s, t0); kb <= qb; ++kb) {
+        const int64_t j0 = kb * kB;
+        const int cols = tile_len(d.n, kb);
+        const TileInfo info = classify(s, has_p, t0, nr, j0, cols);
+        if (info.add()) build_tile(s, d, pp.data(), pt.data(), t0, nr, j0, cols, info, add.data(), nullptr);
+        for (int64_t kvh = 0; kvh < d.KVH; ++kvh) {
+          const int R = (int)(d.gs * nr);  // the group's heads stacked: row rr = head_in_group * nr + t
+          const int64_t row0 = kvh * d.gs * nr;
+          float* sc = st.data();
+          // S = (scale q) k^T [R, 64]
+          gemm<false>(qt.data() + row0 * hdp, hdp, ktp.data() + (kb * d.KVH + kvh) * hdp * kB, kB, sc, kB, R,
+                      (int)hdp, kB, false);
+          for (int rr = 0; rr < R; ++rr) {
+            float* sr = sc + rr * kB;
+            const float* ar = add.data() + (rr % nr) * kB;
+            v16 x[4];
+            for (int c = 0; c < 4; ++c) x[c] = info.add() ? load(sr + c * kV) + load(ar + c * kV) : load(sr + c * kV);
+            float& mi = m[row0 + rr];
+            const float mx = std::max(mi, hmax(vmax(vmax(x[0], x[1]), vmax(x[2], x[3]))));
+            if (mx == kNegInf) {  // nothing visible yet on this row
+              for (int c = 0; c < 4; ++c) store(sr + c * kV, v16{});
+              continue;
+            }
+            v16 sum{};
+            for (int c = 0; c < 4; ++c) {
+              x[c] = vexp(x[c] - mx);
+              sum += x[c];
+              store(sr + c * kV, x[c]);
+            }
+            const float alpha = std::exp(mi - mx);  // 0 on the first visit
+            l[row0 + rr] = l[row0 + rr] * alpha + hsum(sum);
+            mi = mx;
+            if (alpha != 1.f) {
+              float* orow = ot.data() + (row0 + rr) * hdp;
+              for (int64_t e = 0; e < hdp; e += kV) store(orow + e, load(orow + e) * alpha);
+            }
+          }
+          // O += P V [R, hdp]
+          gemm<false>(sc, kB, vp.data() + (kb * kB * d.KVH + kvh * cols) * hdp, hdp, ot.data() + row0 * hdp, hdp,
+                      R, cols, (int)hdp, true);
+        }
+      }
+      for (int64_t h = 0; h < d.H; ++h)
+        for (int r = 0; r < nr; ++r) {
+          const int64_t row = h * nr + r;
+          const float inv = l[row] > 0.f ? 1.f / l[row] : 0.f;
+          const float* src = ot.data() + row * hdp;
+          float* dst = o + ((t0 + r) * d.H + h) * d.hd;
+          for (int64_t e = 0; e < d.hd; ++e) dst[e] = src[e] * inv;
+          if (lse) lse[h * d.n + t0 + r] = l[row] > 0.f ? m[row] + std::log(l[row]) : kNegInf;
+        }
+    }
+  }
+}
+
+void soft_attention_backward(const float* q, const float* k, const float* v, const float* p, const float* o,
+                             const float* lse, const float* dout, float* dq, float* dk, float* dv, float* dp,
+                             const SoftAttnShape& s) {
+  const bool has_p = p != nullptr;
+  const bool want_dp = has_p && dp != nullptr;
+  check_shape("soft_attention_backward", s, has_p);
+  if (s.n == 0) return;
+  FOCUS_CHECK(q && k && v && o && lse && dout && dq && dk && dv,
+              "soft_attention_backward: null q, k, v, o, lse, dout, dq, dk or dv");
+  const Dims d = make_dims(s, has_p);
+  const int64_t hdp = d.hdp, nrows = d.n * d.H;
+
+  // Packed operands: scaled Q and dO row tiles, K row tiles and K^T / V^T tiles, lse and
+  // delta = rowsum(dO * O) in row-tile order, p.
+  std::vector<float> qp(nrows * hdp), dop(nrows * hdp), kp(d.n * d.KVH * hdp);
+  std::vector<float> ktp(d.nb * d.KVH * hdp * kB), vtp(d.nb * d.KVH * hdp * kB);
+  std::vector<float> lsep(nrows), delta(nrows), pp(d.n * d.Gp), pt(d.nb * d.G * kB);
+  pack_rows(q, d.n, d.H, d.hd, hdp, s.scale, qp.data());
+  pack_rows(dout, d.n, d.H, d.hd, hdp, 1.f, dop.data());
+  pack_rows(k, d.n, d.KVH, d.hd, hdp, 1.f, kp.data());
+  pack_cols(k, d.n, d.KVH, d.hd, hdp, ktp.data());
+  pack_cols(v, d.n, d.KVH, d.hd, hdp, vtp.data());
+  if (has_p) pack_p(p, d, pp.data(), pt.data());
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < d.n; ++i)
+    for (int64_t h = 0; h < d.H; ++h) {
+      const float* a = dout + (i * d.H + h) * d.hd;
+      const float* b = o + (i * d.H + h) * d.hd;
+      float acc = 0.f;
+      for (int64_t e = 0; e < d.hd; ++e) acc += a[e] * b[e];
+      const int64_t row = row_index(d.n, d.H, i, h);
+      delta[row] = acc;
+      lsep[row] = lse[h * d.n + i];
+    }
+
+  // Work = key tiles. Each key tile owns its dk, dv and the key side of dp; the query side (dq and
+  // the query side of dp) goes to per-list partial buffers summed in a fixed order at the end.
+  // Key tiles are dealt to lists by a deterministic longest-first rule, one list per thread.
+  const int nlists = std::max(1, omp_get_max_threads());
+  std::vector<std::vector<int64_t>> lists(nlists);
+  {
+    std::vector<int64_t> order(d.nb), load(nlists, 0);
+    for (int64_t kb = 0; kb < d.nb; ++kb) order[kb] = kb;
+    auto cost = [&](int64_t kb) { return last_query_tile(s, d, kb) - kb + 1; };
+    std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return cost(a) > cost(b); });
+    for (int64_t kb : order) {
+      const int li = (int)(std::min_element(load.begin(), load.end()) - load.begin());
+      lists[li].push_back(kb);
+      load[li] += cost(kb);
+    }
+  }
+  std::vector<float> dq_part((size_t)nlists * nrows * hdp, 0.f);
+  std::vector<float> dp_part(want_dp ? (size_t)nlists * d.n * d.Gp : 0, 0.f);
+
+#pragma omp parallel num_threads(nlists)
+  {
+    const int tid = omp_get_thread_num(), nth = omp_get_num_threads();
+    std::vector<float> st(d.gs * kB * kB), dpt(d.gs * kB * kB), add(kB * kB), inv(kB * kB), db(kB * kB);
+    std::vector<float> dk_acc(d.KVH * kB * hdp), dv_acc(d.KVH * kB * hdp), dpk(kB * d.Gp);
+    for (int li = tid; li < nlists; li += nth) {
+      float* dqp = dq_part.data() + (size_t)li * nrows * hdp;
+      float* dpp = want_dp ? dp_part.data() + (size_t)li * d.n * d.Gp : nullptr;
+      for (const int64_t kb : lists[li]) {
+        const int64_t j0 = kb * kB;
+        const int cols = tile_len(d.n, kb);
+        std::fill(dk_acc.begin(), dk_acc.end(), 0.f);
+        std::fill(dv_acc.begin(), dv_acc.end(), 0.f);
+        std::fill(dpk.begin(), dpk.end(), 0.f);
+        for (int64_t qb = kb; qb <= last_query_tile(s, d, kb); ++qb) {
+          const int64_t t0 = qb * kB;
+          const int nr = tile_len(d.n, qb);
+          const TileInfo info = classify(s, has_p, t0, nr, j0, cols);
+          const bool grad_bias = want_dp && info.biased;
+          if (info.add())
+            build_tile(s, d, pp.data(), pt.data(), t0, nr, j0, cols, info, add.data(), grad_bias ? inv.data() : nullptr);
+          if (grad_bias) std::fill(db.begin(), db.begin() + nr * kB, 0.f);
+          for (int64_t kvh = 0; kvh < d.KVH; ++kvh) {
+            const int R = (int)(d.gs * nr);
+            const int64_t row0 = qb * kB * d.H + kvh * d.gs * nr;  // first packed row of this group
+            const float* qg = qp.data() + row0 * hdp;
+            const float* dog = dop.data() + row0 * hdp;
+            const float* ktile = ktp.data() + (kb * d.KVH + kvh) * hdp * kB;
+            const float* vtile = vtp.data() + (kb * d.KVH + kvh) * hdp * kB;
+            const float* krows = kp.data() + (kb * kB * d.KVH + kvh * cols) * hdp;
+            float* P = st.data();
+            float* dS = dpt.data();
+            // P = exp(S + add - lse) [R, 64], recomputed exactly as in the forward.
+            gemm<false>(qg, hdp, ktile, kB, P, kB, R, (int)hdp, kB, false);
+            for (int rr = 0; rr < R; ++rr) {
+              float* pr = P + rr * kB;
+              const float* ar = add.data() + (rr % nr) * kB;
+              const float lr = lsep[row0 + rr];
+              for (int c = 0; c < kB; c += kV) {
+                const v16 x = info.add() ? load(pr + c) + load(ar + c) : load(pr + c);
+                store(pr + c, vexp(x - lr));
+              }
+            }
+            // dP = dO V^T [R, 64]; dV += P^T dO; dS = P * (dP - delta); dK += dS^T (scale q); dQ += dS K.
+            gemm<false>(dog, hdp, vtile, kB, dS, kB, R, (int)hdp, kB, false);
+            gemm<true>(P, kB, dog, hdp, dv_acc.data() + kvh * kB * hdp, hdp, cols, R, (int)hdp, true);
+            for (int rr = 0; rr < R; ++rr) {
+              const v16 dr = bcast(delta[row0 + rr]);
+              for (int c = 0; c < kB; c += kV)
+                store(dS + rr * kB + c, load(P + rr * kB + c) * (load(dS + rr * kB + c) - dr));
+            }
+            gemm<true>(dS, kB, qg, hdp, dk_acc.data() + kvh * kB * hdp, hdp, cols, R, (int)hdp, true);
+            gemm<false>(dS, kB, krows, hdp, dqp + row0 * hdp, hdp, R, cols, (int)hdp, true);
+            if (grad_bias)  // dBias = sum over the group's heads of dS
+              for (int rr = 0; rr < R; ++rr) {
+                float* br = db.data() + (rr % nr) * kB;
+                for (int c = 0; c < kB; c += kV) store(br + c, load(br + c) + load(dS + rr * kB + c));
+              }
+          }
+          if (grad_bias) {
+            // dA = dBias / (A + eps); dp_i += dA p_j (query side), dp_j += dA^T p_i (key side).
+            for (int e = 0; e < nr * kB; e += kV) store(db.data() + e, load(db.data() + e) * load(inv.data() + e));
+            gemm<false>(db.data(), kB, pp.data() + j0 * d.Gp, d.Gp, dpp + t0 * d.Gp, d.Gp, nr, cols, (int)d.Gp, true);
+            gemm<true>(db.data(), kB, pp.data() + t0 * d.Gp, d.Gp, dpk.data(), d.Gp, cols, nr, (int)d.Gp, true);
+          }
+        }
+        // This key tile's rows are ours alone.
+        for (int c = 0; c < cols; ++c)
+          for (int64_t kvh = 0; kvh < d.KVH; ++kvh) {
+            const float* a = dk_acc.data() + (kvh * kB + c) * hdp;
+            const float* b = dv_acc.data() + (kvh * kB + c) * hdp;
+            float* ko = dk + ((j0 + c) * d.KVH + kvh) * d.hd;
+            float* vo = dv + ((j0 + c) * d.KVH + kvh) * d.hd;
+            for (int64_t e = 0; e < d.hd; ++e) ko[e] += a[e], vo[e] += b[e];
+          }
+        if (want_dp)
+          for (int c = 0; c < cols; ++c)
+            for (int64_t g = 0; g < d.G; ++g) dp[(j0 + c) * d.G + g] += dpk[c * d.Gp + g];
+      }
+    }
+  }
+
+  // Fixed-order reduction of the partial buffers.
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < d.n; ++i) {
+    for (int64_t h = 0; h < d.H; ++h) {
+      const int64_t row = row_index(d.n, d.H, i, h);
+      float* out = dq + (i * d.H + h) * d.hd;
+      for (int64_t e = 0; e < d.hd; ++e) {
+        float acc = 0.f;
+        for (int li = 0; li < nlists; ++li) acc += dq_part[((size_t)li * nrows + row) * hdp + e];
+        out[e] += s.scale * acc;
+      }
+    }
+    if (want_dp)
+      for (int64_t g = 0; g < d.G; ++g) {
+        float acc = 0.f;
+        for (int li = 0; li < nlists; ++li) acc += dp_part[((size_t)li * d.n + i) * d.Gp + g];
+        dp[i * d.G + g] += acc;
+      }
+  }
+}
+
+}  // namespace focus

@@ -1,0 +1,543 @@
+#include "focus/sparse_attention.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <unordered_map>
+#include <vector>
+
+#include "core/error.h"
+#include "kernels/cpu/attention_tiles.h"
+
+namespace focus {
+namespace {
+
+using namespace cpu::tiles;
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+void check_shape(const FocusAttnShape& s) {
+  FOCUS_CHECK(s.n >= 0 && s.n < (int64_t{1} << 31), "focus attention: token count ", s.n, " out of range");
+  FOCUS_CHECK(s.heads >= 1 && s.kv_heads >= 1 && s.heads % s.kv_heads == 0, "focus attention: heads ", s.heads,
+              " not a multiple of kv_heads ", s.kv_heads);
+  FOCUS_CHECK(s.head_dim >= 1, "focus attention: head_dim must be positive");
+  FOCUS_CHECK(s.q_stride >= s.heads * s.head_dim && s.o_stride >= s.heads * s.head_dim &&
+                  s.kv_stride >= s.kv_heads * s.head_dim,
+              "focus attention: row strides smaller than a row");
+  FOCUS_CHECK(s.window >= 1, "focus attention: window must be >= 1, got ", s.window);
+  FOCUS_CHECK(s.sinks >= 0, "focus attention: sinks must be >= 0, got ", s.sinks);
+}
+
+bool share_group(const Routing& r, int64_t i, int64_t j) {
+  const int32_t* a = r.ids + i * r.topk;
+  const int32_t* b = r.ids + j * r.topk;
+  for (int x = 0; x < r.topk; ++x)
+    for (int y = 0; y < r.topk; ++y)
+      if (a[x] == b[y]) return true;
+  return false;
+}
+
+bool visible(const FocusAttnShape& s, const Routing& r, int64_t i, int64_t j) {
+  return j <= i && (i - j < s.window || j < s.sinks || share_group(r, i, j));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Keys and values of one kv head copied into tiles: slot (t, c) of tile t holds one token's key
+// (transposed, kt [hdp][kBk]) and value (v [kBk][hdp]); empty slots are zero.
+struct KeyTiles {
+  int64_t hdp = 0, n_tiles = 0;
+  std::vector<float> kt, v;
+  void resize(int64_t tiles, int64_t hdp_) {
+    hdp = hdp_;
+    n_tiles = tiles;
+    kt.resize(tiles * hdp * kBk);
+    v.resize(tiles * kBk * hdp);
+  }
+  const float* kt_tile(int64_t t) const { return kt.data() + t * hdp * kBk; }
+  const float* v_tile(int64_t t) const { return v.data() + t * kBk * hdp; }
+
+  // Fills every tile from kv head kvh; token_of(slot) gives the token at a slot, or -1. Must be
+  // called from inside a parallel region (work-shared loop).
+  template <class TokenOf>
+  void fill(const float* k, const float* vv, const FocusAttnShape& s, int64_t kvh, TokenOf token_of) {
+    const int64_t hd = s.head_dim;
+#pragma omp for schedule(static)
+    for (int64_t t = 0; t < n_tiles; ++t) {
+      float* kt_t = kt.data() + t * hdp * kBk;
+      float* v_t = v.data() + t * kBk * hdp;
+      std::fill(kt_t, kt_t + hdp * kBk, 0.f);
+      for (int c = 0; c < kBk; ++c) {
+        float* vr = v_t + c * hdp;
+        const int64_t tok = token_of(t * kBk + c);
+        if (tok < 0) {
+          std::fill(vr, vr + hdp, 0.f);
+          continue;
+        }
+        const float* kr = k + tok * s.kv_stride + kvh * hd;
+        const float* vs = vv + tok * s.kv_stride + kvh * hd;
+        for (int64_t d = 0; d < hd; ++d) kt_t[d * kBk + c] = kr[d];
+        std::copy(vs, vs + hd, vr);
+        std::fill(vr + hd, vr + hdp, 0.f);
+      }
+    }
+  }
+};
+
+// The group-sorted sequence packed into key tiles: each group starts on a tile boundary.
+struct PackedGroups {
+  const GroupLayout* layout = nullptr;
+  std::vector<int64_t> tile_off;    // [G + 1] first tile of each group
+  std::vector<int64_t> first;       // [G] first in-group index whose position is >= sinks
+  std::vector<int32_t> slot_token;  // [tiles * kBk] token at each slot, -1 for padding
+  std::vector<int32_t> slot_tag;    // topk 2: the slot token's other group (-2 for padding)
+
+  void build(const GroupLayout& L, const Routing& r, int64_t sinks) {
+    layout = &L;
+    const int64_t G = L.n_groups;
+    tile_off.assign(G + 1, 0);
+    first.assign(G, 0);
+    for (int64_t g = 0; g < G; ++g) {
+      tile_off[g + 1] = tile_off[g] + (L.size(g) + kBk - 1) / kBk;
+      const auto seg = L.group(g);
+      first[g] = std::lower_bound(seg.begin(), seg.end(), (int32_t)std::min<int64_t>(sinks, INT32_MAX)) - seg.begin();
+    }
+    slot_token.assign(tile_off[G] * kBk, -1);
+    if (r.topk == 2) slot_tag.assign(tile_off[G] * kBk, -2);
+    for (int64_t g = 0; g < G; ++g) {
+      const auto seg = L.group(g);
+      for (size_t a = 0; a < seg.size(); ++a) {
+        const int64_t slot = tile_off[g] * kBk + a;
+        slot_token[slot] = seg[a];
+        if (r.topk == 2) {
+          const int32_t* ids = r.ids + (int64_t)seg[a] * 2;
+          slot_tag[slot] = ids[0] == g ? ids[1] : ids[0];
+        }
+      }
+    }
+  }
+  int64_t n_tiles() const { return tile_off.back(); }
+};
+
+// One query tile taken from group g's member list (rows t*kBq ..), with what every row needs.
+struct GroupTileRows {
+  int rows = 0;
+  int32_t token[kBq];  // token index = position, increasing with the row
+  int64_t cut[kBq];    // in-group keys [first, cut) lie beyond the window (position <= p - w)
+  int32_t tag[kBq];    // topk 2: the row's other group when smaller than g (pairs sharing it are
+                       // counted there), else -1
+  bool owner[kBq];     // whether this tile computes the row's window and sink part
+
+  void build(const PackedGroups& P, const Routing& r, int64_t g, int64_t t, int64_t window) {
+    const auto seg = P.layout->group(g);
+    const int64_t a0 = t * kBq;
+    rows = (int)std::min<int64_t>(kBq, (int64_t)seg.size() - a0);
+    for (int i = 0; i < rows; ++i) {
+      const int64_t a = a0 + i;
+      const int32_t p = seg[a];
+      token[i] = p;
+      cut[i] = std::upper_bound(seg.begin(), seg.begin() + a, (int64_t)p - window,
+                                [](int64_t x, int32_t y) { return x < y; }) -
+               seg.begin();
+      if (r.topk == 2) {
+        const int32_t* ids = r.ids + (int64_t)p * 2;
+        const int32_t other = ids[0] == g ? ids[1] : ids[0];
+        tag[i] = other < g ? other : -1;
+        owner[i] = ids[0] == g;
+      } else {
+        tag[i] = -1;
+        owner[i] = true;
+      }
+    }
+  }
+};
+
+// Window and sink part: row r (position pos[r], increasing) sees [0, min(S, lo)) u [lo, p],
+// lo = max(0, p - w + 1), when owner[r]. Keys come in original order.
+void visit_window(QueryTile& qt, RowSpan* spans, const int32_t* pos, const bool* owner, int rows, const KeyTiles& keys,
+                  int64_t w, int64_t S) {
+  int64_t sink_end = 0, band_lo = std::numeric_limits<int64_t>::max(), band_hi = -1;
+  for (int r = 0; r < rows; ++r) {
+    if (!owner[r]) continue;
+    const int64_t lo = std::max<int64_t>(0, pos[r] - w + 1);
+    sink_end = std::max(sink_end, std::min(S, lo));
+    band_lo = std::min(band_lo, lo);
+    band_hi = std::max<int64_t>(band_hi, pos[r]);
+  }
+  if (band_hi < 0) return;
+  auto clampc = [](int64_t x) { return (int)std::clamp<int64_t>(x, 0, kBk); };
+  auto tile = [&](int64_t tt) {
+    const int64_t j0 = tt * kBk;
+    int r0 = rows, r1 = 0;
+    for (int r = 0; r < rows; ++r) {
+      RowSpan& sp = spans[r];
+      sp = RowSpan{};
+      if (!owner[r]) continue;
+      const int64_t p = pos[r], lo = std::max<int64_t>(0, p - w + 1);
+      sp.hi0 = clampc(std::min(S, lo) - j0);
+      sp.lo1 = clampc(lo - j0);
+      sp.hi1 = clampc(p + 1 - j0);
+      if (!sp.empty()) r0 = std::min(r0, r), r1 = r + 1;
+    }
+    if (r0 < r1) qt.visit(keys.kt_tile(tt), keys.v_tile(tt), keys.hdp, r0, r1, spans, nullptr);
+  };
+  const int64_t n_sink = (sink_end + kBk - 1) / kBk, b0 = band_lo / kBk, b1 = band_hi / kBk;
+  for (int64_t tt = 0; tt < std::min(n_sink, b0); ++tt) tile(tt);
+  for (int64_t tt = b0; tt <= b1; ++tt) tile(tt);
+}
+
+// Same-group part of a group query tile: row r sees in-group keys [first, cut[r]) except those
+// whose tag equals the row's tag. Keys come from the packed group tiles starting at tile0.
+void visit_group(QueryTile& qt, RowSpan* spans, const GroupTileRows& R, int64_t first, const KeyTiles& keys,
+                 int64_t tile0, const int32_t* slot_tag) {
+  int64_t cut_max = 0;
+  for (int r = 0; r < R.rows; ++r) cut_max = std::max(cut_max, R.cut[r]);
+  if (cut_max <= first) return;
+  auto clampc = [](int64_t x) { return (int)std::clamp<int64_t>(x, 0, kBk); };
+  for (int64_t lt = first / kBk; lt <= (cut_max - 1) / kBk; ++lt) {
+    const int64_t b0 = lt * kBk;
+    int r0 = R.rows;
+    for (int r = R.rows - 1; r >= 0; --r) {  // cut grows with r: visible rows are a suffix
+      RowSpan& sp = spans[r];
+      sp = RowSpan{};
+      sp.lo0 = clampc(first - b0);
+      sp.hi0 = clampc(R.cut[r] - b0);
+      sp.tag = R.tag[r];
+      if (sp.lo0 < sp.hi0) r0 = r;
+    }
+    if (r0 < R.rows)
+      qt.visit(keys.kt_tile(tile0 + lt), keys.v_tile(tile0 + lt), keys.hdp, r0, R.rows, spans,
+               slot_tag ? slot_tag + (tile0 + lt) * kBk : nullptr);
+  }
+}
+
+// Merges (a) and (b) into dst, row by row: dst may alias a. Pointers address head 0 of row 0;
+// o rows are ostride apart (heads consecutive, head_dim each), lse is [heads][lse_n].
+struct StateRef {
+  float* o;
+  int64_t ostride;
+  float* lse;
+  int64_t lse_n;
+};
+void merge_states(int64_t n, int64_t heads, int64_t hd, StateRef a, StateRef b, StateRef dst) {
+#pragma omp for schedule(static)
+  for (int64_t i = 0; i < n; ++i) {
+    for (int64_t h = 0; h < heads; ++h) {
+      const float la = a.lse[h * a.lse_n + i], lb = b.lse[h * b.lse_n + i];
+      const float mx = std::max(la, lb);
+      const float* oa = a.o + i * a.ostride + h * hd;
+      const float* ob = b.o + i * b.ostride + h * hd;
+      float* od = dst.o + i * dst.ostride + h * hd;
+      if (mx == kNegInf) {
+        std::fill(od, od + hd, 0.f);
+        if (dst.lse) dst.lse[h * dst.lse_n + i] = kNegInf;
+        continue;
+      }
+      const float wa = std::exp(la - mx), wb = std::exp(lb - mx), inv = 1.f / (wa + wb);
+      const float ca = wa * inv, cb = wb * inv;
+      for (int64_t d = 0; d < hd; ++d) od[d] = ca * oa[d] + cb * ob[d];
+      if (dst.lse) dst.lse[h * dst.lse_n + i] = mx + std::log(wa + wb);
+    }
+  }
+}
+
+// Work item of a group pass: query tile t of group g for local head hl.
+struct GroupItem {
+  int32_t g, t, hl;
+  int64_t cost;
+};
+
+// Group query tiles of all groups times the heads of one kv head, heaviest first.
+std::vector<GroupItem> group_items(const PackedGroups& P, int64_t hpk, int64_t window, bool with_window) {
+  std::vector<GroupItem> items;
+  const GroupLayout& L = *P.layout;
+  for (int64_t g = 0; g < L.n_groups; ++g) {
+    const auto seg = L.group(g);
+    for (int64_t t = 0; t * kBq < (int64_t)seg.size(); ++t) {
+      const int64_t last = std::min<int64_t>(seg.size(), (t + 1) * kBq) - 1;
+      const int64_t p_first = seg[t * kBq], p_last = seg[last];
+      // Key tiles visited: the group's keys up to the last row, plus the window band.
+      int64_t cost = std::max<int64_t>(0, last - P.first[g]) / kBk + 1;
+      if (with_window) cost += (p_last - p_first + window) / kBk + 1;
+      for (int64_t hl = 0; hl < hpk; ++hl) items.push_back({(int32_t)g, (int32_t)t, (int32_t)hl, cost});
+    }
+  }
+  std::stable_sort(items.begin(), items.end(), [](const GroupItem& a, const GroupItem& b) { return a.cost > b.cost; });
+  return items;
+}
+
+// Where the group pass writes row r of a group tile: the final output (topk 1) or one of two
+// partial-state slots per token (topk 2), merged afterwards.
+struct GroupSink {
+  float* o;         // row = token
+  int64_t ostride;  // between tokens
+  float* lse;       // [local heads][n] (may be null when not needed)
+  int64_t hoff;     // head offset into o (kv head's first query head, or 0 for slot buffers)
+};
+
+// Runs every group query tile of kv head kvh (inside a parallel region).
+// with_window: also the window and sink part (fused). Outputs: topk 1 -> sinks[0] (final);
+// topk 2 -> sinks[0] for tiles of the token's first group, sinks[1] for the second.
+void run_group_tiles(const float* q, const FocusAttnShape& s, const Routing& r, const PackedGroups& P,
+                     const KeyTiles& gkeys, const KeyTiles* okeys, const std::vector<GroupItem>& items, int64_t kvh,
+                     const GroupSink* sinks) {
+  const int64_t hd = s.head_dim, hpk = s.heads / s.kv_heads;
+  QueryTile qt(gkeys.hdp);
+  RowSpan spans[kBq];
+  GroupTileRows R;
+  const int32_t* slot_tag = P.slot_tag.empty() ? nullptr : P.slot_tag.data();
+#pragma omp for schedule(dynamic, 1)
+  for (size_t it = 0; it < items.size(); ++it) {
+    const GroupItem& item = items[it];
+    const int64_t h = kvh * hpk + item.hl;
+    R.build(P, r, item.g, item.t, s.window);
+    qt.reset(R.rows);
+    for (int i = 0; i < R.rows; ++i) qt.load_row(i, q + (int64_t)R.token[i] * s.q_stride + h * hd, hd, s.scale);
+    if (okeys) visit_window(qt, spans, R.token, R.owner, R.rows, *okeys, s.window, s.sinks);
+    visit_group(qt, spans, R, P.first[item.g], gkeys, P.tile_off[item.g], slot_tag);
+    for (int i = 0; i < R.rows; ++i) {
+      const GroupSink& dst = sinks[R.owner[i] ? 0 : 1];
+      const int64_t hh = dst.hoff + item.hl;
+      qt.store_row(i, dst.o + (int64_t)R.token[i] * dst.ostride + hh * hd, hd,
+                   dst.lse ? dst.lse + item.hl * s.n + R.token[i] : nullptr);
+    }
+  }
+}
+
+// Partial states of one kv head's query heads for topk 2: slot 0 and slot 1 per token.
+struct SlotBuffers {
+  std::vector<float> o, lse;
+  void resize(int64_t n, int64_t hpk, int64_t hd) {
+    o.resize(2 * n * hpk * hd);
+    lse.resize(2 * hpk * n);
+  }
+  GroupSink sink(int slot, int64_t n, int64_t hpk, int64_t hd) {
+    return {o.data() + slot * n * hpk * hd, hpk * hd, lse.data() + slot * hpk * n, 0};
+  }
+};
+
+// Merges the two slots of kv head kvh into the output (o, lse: full [n, heads, hd] / [heads, n]).
+void merge_slots(SlotBuffers& B, const FocusAttnShape& s, int64_t kvh, float* o, float* lse) {
+  const int64_t n = s.n, hpk = s.heads / s.kv_heads, hd = s.head_dim;
+  const StateRef a{B.o.data(), hpk * hd, B.lse.data(), n};
+  const StateRef b{B.o.data() + n * hpk * hd, hpk * hd, B.lse.data() + hpk * n, n};
+  const StateRef d{o + kvh * hpk * hd, s.o_stride, lse ? lse + kvh * hpk * n : nullptr, n};
+  merge_states(n, hpk, hd, a, b, d);
+}
+
+void fill_original(KeyTiles& keys, const float* k, const float* v, const FocusAttnShape& s, int64_t kvh) {
+  keys.fill(k, v, s, kvh, [n = s.n](int64_t slot) { return slot < n ? slot : -1; });
+}
+void fill_packed(KeyTiles& keys, const PackedGroups& P, const float* k, const float* v, const FocusAttnShape& s,
+                 int64_t kvh) {
+  const int32_t* tok = P.slot_token.data();
+  keys.fill(k, v, s, kvh, [tok](int64_t slot) { return (int64_t)tok[slot]; });
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+int64_t focus_pair_count(const Routing& r, int64_t n, int64_t w, int64_t S) {
+  check_routing(r, n);
+  FOCUS_CHECK(w >= 1 && S >= 0, "focus_pair_count: need window >= 1 and sinks >= 0");
+  // Window and sinks: min(i + 1, w) + min(S, max(0, i - w + 1)). Groups: keys S <= j <= i - w
+  // sharing a group, counted with running per-group (and per-group-pair) counts.
+  std::vector<int64_t> cnt(r.n_groups, 0);
+  std::unordered_map<int64_t, int64_t> pair_cnt;
+  int64_t total = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    total += std::min(i + 1, w) + std::min(S, std::max<int64_t>(0, i - w + 1));
+    const int64_t j = i - w;  // becomes a beyond-window key for rows >= i
+    if (j >= S) {
+      const int32_t* g = r.ids + j * r.topk;
+      for (int t = 0; t < r.topk; ++t) ++cnt[g[t]];
+      if (r.topk == 2) ++pair_cnt[(int64_t)g[0] * r.n_groups + g[1]];
+    }
+    const int32_t* g = r.ids + i * r.topk;
+    if (r.topk == 1) {
+      total += cnt[g[0]];
+    } else {
+      const auto f = pair_cnt.find((int64_t)g[0] * r.n_groups + g[1]);
+      total += cnt[g[0]] + cnt[g[1]] - (f == pair_cnt.end() ? 0 : f->second);
+    }
+  }
+  return total;
+}
+
+namespace {
+
+// Visible keys of row i, increasing.
+std::vector<int64_t> visible_keys(const FocusAttnShape& s, const Routing& r, int64_t i) {
+  std::vector<int64_t> keys;
+  for (int64_t j = 0; j <= i; ++j)
+    if (visible(s, r, i, j)) keys.push_back(j);
+  return keys;
+}
+
+// Softmax attention of query (i, h) over the given keys in double; returns the lse.
+float reference_row(const float* q, const float* k, const float* v, float* o, const FocusAttnShape& s, int64_t i,
+                    int64_t h, const std::vector<int64_t>& keys) {
+  const int64_t hd = s.head_dim, kvh = h / (s.heads / s.kv_heads);
+  const float* qr = q + i * s.q_stride + h * hd;
+  std::vector<double> sc(keys.size()), acc(hd, 0.0);
+  double mx = -INFINITY;
+  for (size_t x = 0; x < keys.size(); ++x) {
+    const float* kr = k + keys[x] * s.kv_stride + kvh * hd;
+    double part[8] = {};  // eight running sums, so the loop vectorises
+    for (int64_t y = 0; y < hd; ++y) part[y % 8] += (double)qr[y] * kr[y];
+    double d = 0;
+    for (double p : part) d += p;
+    sc[x] = d * s.scale;
+    mx = std::max(mx, sc[x]);
+  }
+  double sum = 0;
+  for (size_t x = 0; x < keys.size(); ++x) {
+    const double e = std::exp(sc[x] - mx);
+    sum += e;
+    const float* vr = v + keys[x] * s.kv_stride + kvh * hd;
+    for (int64_t y = 0; y < hd; ++y) acc[y] += e * vr[y];
+  }
+  for (int64_t y = 0; y < hd; ++y) o[y] = (float)(acc[y] / sum);  // sum >= 1: key i is visible
+  return (float)(mx + std::log(sum));
+}
+
+}  // namespace
+
+float focus_attention_reference_row(const float* q, const float* k, const float* v, float* o,
+                                    const FocusAttnShape& s, const Routing& r, int64_t i, int64_t h) {
+  return reference_row(q, k, v, o, s, i, h, visible_keys(s, r, i));
+}
+
+void focus_attention_reference(const float* q, const float* k, const float* v, float* o, float* lse,
+                               const FocusAttnShape& s, const Routing& r) {
+  check_shape(s);
+  check_routing(r, s.n);
+#pragma omp parallel for schedule(dynamic, 16)
+  for (int64_t i = 0; i < s.n; ++i) {
+    const std::vector<int64_t> keys = visible_keys(s, r, i);
+    for (int64_t h = 0; h < s.heads; ++h) {
+      const float l = reference_row(q, k, v, o + i * s.o_stride + h * s.head_dim, s, i, h, keys);
+      if (lse) lse[h * s.n + i] = l;
+    }
+  }
+}
+
+void merge_attention_states(float* o, float* lse, int64_t o_stride, const float* o2, const float* lse2,
+                            int64_t o2_stride, int64_t n, int64_t heads, int64_t head_dim) {
+  const StateRef a{o, o_stride, lse, n}, b{const_cast<float*>(o2), o2_stride, const_cast<float*>(lse2), n};
+#pragma omp parallel
+  merge_states(n, heads, head_dim, a, b, a);
+}
+
+void focus_attention_fused(const float* q, const float* k, const float* v, float* o, float* lse,
+                           const FocusAttnShape& s, const Routing& r) {
+  check_shape(s);
+  const GroupLayout L = build_group_layout(r, s.n);
+  if (s.n == 0) return;
+  const int64_t hd = s.head_dim, hdp = padded_dim(hd), hpk = s.heads / s.kv_heads;
+  PackedGroups P;
+  P.build(L, r, s.sinks);
+  KeyTiles okeys, gkeys;
+  okeys.resize((s.n + kBk - 1) / kBk, hdp);
+  gkeys.resize(P.n_tiles(), hdp);
+  const std::vector<GroupItem> items = group_items(P, hpk, s.window, true);
+  SlotBuffers B;
+  if (r.topk == 2) B.resize(s.n, hpk, hd);
+  for (int64_t kvh = 0; kvh < s.kv_heads; ++kvh) {
+    GroupSink sinks[2];
+    if (r.topk == 1) {
+      sinks[0] = {o, s.o_stride, lse ? lse + kvh * hpk * s.n : nullptr, kvh * hpk};
+    } else {
+      sinks[0] = B.sink(0, s.n, hpk, hd);
+      sinks[1] = B.sink(1, s.n, hpk, hd);
+    }
+#pragma omp parallel
+    {
+      fill_original(okeys, k, v, s, kvh);
+      fill_packed(gkeys, P, k, v, s, kvh);
+      run_group_tiles(q, s, r, P, gkeys, &okeys, items, kvh, sinks);
+      if (r.topk == 2) merge_slots(B, s, kvh, o, lse);
+    }
+  }
+}
+
+void focus_window_attention(const float* q, const float* k, const float* v, float* o, float* lse,
+                            const FocusAttnShape& s) {
+  check_shape(s);
+  if (s.n == 0) return;
+  const int64_t hd = s.head_dim, hdp = padded_dim(hd), hpk = s.heads / s.kv_heads;
+  const int64_t n_qt = (s.n + kBq - 1) / kBq;
+  KeyTiles keys;
+  keys.resize((s.n + kBk - 1) / kBk, hdp);
+  for (int64_t kvh = 0; kvh < s.kv_heads; ++kvh) {
+#pragma omp parallel
+    {
+      fill_original(keys, k, v, s, kvh);
+      QueryTile qt(hdp);
+      RowSpan spans[kBq];
+      int32_t pos[kBq];
+      bool owner[kBq];
+      std::fill(owner, owner + kBq, true);
+#pragma omp for collapse(2) schedule(dynamic, 1)
+      for (int64_t qb = n_qt - 1; qb >= 0; --qb) {
+        for (int64_t hl = 0; hl < hpk; ++hl) {
+          const int64_t h = kvh * hpk + hl, t0 = qb * kBq;
+          const int rows = (int)std::min<int64_t>(kBq, s.n - t0);
+          qt.reset(rows);
+          for (int i = 0; i < rows; ++i) {
+            pos[i] = (int32_t)(t0 + i);
+            qt.load_row(i, q + (t0 + i) * s.q_stride + h * hd, hd, s.scale);
+          }
+          visit_window(qt, spans, pos, owner, rows, keys, s.window, s.sinks);
+          for (int i = 0; i < rows; ++i)
+            qt.store_row(i, o + (t0 + i) * s.o_stride + h * hd, hd, lse ? lse + h * s.n + t0 + i : nullptr);
+        }
+      }
+    }
+  }
+}
+
+void focus_group_attention(const float* q, const float* k, const float* v, float* o, float* lse,
+                           const FocusAttnShape& s, const Routing& r) {
+  check_shape(s);
+  const GroupLayout L = build_group_layout(r, s.n);
+  if (s.n == 0) return;
+  const int64_t hd = s.head_dim, hdp = padded_dim(hd), hpk = s.heads / s.kv_heads;
+  PackedGroups P;
+  P.build(L, r, s.sinks);
+  KeyTiles gkeys;
+  gkeys.resize(P.n_tiles(), hdp);
+  const std::vector<GroupItem> items = group_items(P, hpk, s.window, false);
+  SlotBuffers B;
+  if (r.topk == 2) B.resize(s.n, hpk, hd);
+  for (int64_t kvh = 0; kvh < s.kv_heads; ++kvh) {
+    GroupSink sinks[2];
+    if (r.topk == 1) {
+      sinks[0] = {o, s.o_stride, lse ? lse + kvh * hpk * s.n : nullptr, kvh * hpk};
+    } else {
+      sinks[0] = B.sink(0, s.n, hpk, hd);
+      sinks[1] = B.sink(1, s.n, hpk, hd);
+    }
+#pragma omp parallel
+    {
+      fill_packed(gkeys, P, k, v, s, kvh);
+      run_group_tiles(q, s, r, P, gkeys, nullptr, items, kvh, sinks);
+      if (r.topk == 2) merge_slots(B, s, kvh, o, lse);
+    }
+  }
+}
+
+void focus_attention_two_call(const float* q, const float* k, const float* v, float* o, float* lse,
+                              const FocusAttnShape& s, const Routing& r) {
+  check_shape(s);
+  check_routing(r, s.n);
+  if (s.n == 0) return;
+  const int64_t row = s.heads * s.head_dim;
+  std::vector<float> lse1(s.heads * s.n), o2(s.n * row), lse2(s.heads * s.n);
+  focus_window_attention(q, k, v, o, lse1.data(), s);
+  FocusAttnShape s2 = s;
+  s2.o_stride = row;
+  focus_group_attention(q, k, v, o2.data(), lse2.data(), s2, r);
+  merge_attention_states(o, lse1.data(), s.o_stride, o2.data(), lse2.data(), row, s.n, s.heads, s.head_dim);
+  if (lse) std::copy(lse1.begin(), lse1.end(), lse);
+}
+
+}  // namespace focus

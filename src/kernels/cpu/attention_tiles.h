@@ -1,0 +1,259 @@
+// Vectorised building blocks of flash-style attention on the CPU: a tile of up to kBq queries
+// visits tiles of kBk keys, keeping an online softmax (running max m, running sum l, unnormalised
+// output o) per query row. 16-float vectors via GCC vector extensions (one AVX-512 register).
+//
+// Layouts inside a tile (hdp = head_dim rounded up to 16, padding zero):
+//   q  [kBq][hdp]   queries, already multiplied by the softmax scale
+//   kt [hdp][kBk]   keys transposed, so a row of kt holds one dimension of kBk keys
+//   v  [kBk][ldv]   values, ldv >= hdp
+//   s  [kBq][kBk]   scores, then probabilities
+//   o  [kBq][hdp]   unnormalised output
+#pragma once
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+namespace focus::cpu::tiles {
+
+constexpr int kV = 16;    // floats per vector
+constexpr int kBq = 64;   // query rows per tile
+constexpr int kBk = 64;   // keys per tile
+typedef float v16 __attribute__((vector_size(64)));
+typedef int32_t vi16 __attribute__((vector_size(64)));
+
+inline int64_t padded_dim(int64_t hd) { return (hd + kV - 1) / kV * kV; }
+
+inline v16 bcast(float x) { return v16{} + x; }
+inline v16 load(const float* p) {
+  v16 r;
+  std::memcpy(&r, p, sizeof(r));
+  return r;
+}
+inline void store(float* p, v16 x) { std::memcpy(p, &x, sizeof(x)); }
+inline v16 vmax(v16 a, v16 b) { return a > b ? a : b; }
+inline v16 select(vi16 mask, v16 a, v16 b) { return (v16)((mask & (vi16)a) | (~mask & (vi16)b)); }
+
+inline float hmax(v16 x) {
+  x = vmax(x, __builtin_shuffle(x, vi16{8, 9, 10, 11, 12, 13, 14, 15, 0, 1, 2, 3, 4, 5, 6, 7}));
+  x = vmax(x, __builtin_shuffle(x, vi16{4, 5, 6, 7, 0, 1, 2, 3, 12, 13, 14, 15, 8, 9, 10, 11}));
+  x = vmax(x, __builtin_shuffle(x, vi16{2, 3, 0, 1, 6, 7, 4, 5, 10, 11, 8, 9, 14, 15, 12, 13}));
+  x = vmax(x, __builtin_shuffle(x, vi16{1, 0, 3, 2, 5, 4, 7, 6, 9, 8, 11, 10, 13, 12, 15, 14}));
+  return x[0];
+}
+inline float hsum(v16 x) {
+  x += __builtin_shuffle(x, vi16{8, 9, 10, 11, 12, 13, 14, 15, 0, 1, 2, 3, 4, 5, 6, 7});
+  x += __builtin_shuffle(x, vi16{4, 5, 6, 7, 0, 1, 2, 3, 12, 13, 14, 15, 8, 9, 10, 11});
+  x += __builtin_shuffle(x, vi16{2, 3, 0, 1, 6, 7, 4, 5, 10, 11, 8, 9, 14, 15, 12, 13});
+  x += __builtin_shuffle(x, vi16{1, 0, 3, 2, 5, 4, 7, 6, 9, 8, 11, 10, 13, 12, 15, 14});
+  return x[0];
+}
+
+// e^x for x <= 0 (Cephes expf polynomial, about 2 ulp). Inputs below -87 (including -inf)
+// return a tiny positive number, not 0: callers zero masked lanes themselves.
+inline v16 vexp(v16 x) {
+  const v16 magic = bcast(12582912.f);  // 1.5 * 2^23: adding it rounds to an integer
+  x = vmax(x, bcast(-87.f));
+  const v16 t = x * 1.44269504088896341f + magic;
+  const v16 n = t - magic;
+  v16 r = x - n * 0.693359375f;
+  r = r - n * -2.12194440e-4f;
+  v16 p = bcast(1.9875691500e-4f);
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * (r * r) + r + 1.f;
+  const vi16 e = ((vi16)t - (vi16)magic + 127) << 23;  // 2^n
+  return p * (v16)e;
+}
+
+// S[i, c] = sum_d Q[i, d] Kt[d, c] for R rows and NV column vectors.
+template <int R, int NV>
+inline void scores_block(const float* q, int64_t hdp, const float* kt, float* s) {
+  v16 a[R][NV] = {};
+  for (int64_t d = 0; d < hdp; ++d) {
+    v16 kv[NV];
+    for (int c = 0; c < NV; ++c) kv[c] = load(kt + d * kBk + c * kV);
+    for (int i = 0; i < R; ++i) {
+      const v16 qv = bcast(q[i * hdp + d]);
+      for (int c = 0; c < NV; ++c) a[i][c] += qv * kv[c];
+    }
+  }
+  for (int i = 0; i < R; ++i)
+    for (int c = 0; c < NV; ++c) store(s + i * kBk + c * kV, a[i][c]);
+}
+
+template <int NV>
+inline void scores_rows(const float* q, int64_t hdp, int rows, const float* kt, float* s) {
+  int r = 0;
+  for (; r + 4 <= rows; r += 4) scores_block<4, NV>(q + r * hdp, hdp, kt, s + r * kBk);
+  switch (rows - r) {
+    case 3: scores_block<3, NV>(q + r * hdp, hdp, kt, s + r * kBk); break;
+    case 2: scores_block<2, NV>(q + r * hdp, hdp, kt, s + r * kBk); break;
+    case 1: scores_block<1, NV>(q + r * hdp, hdp, kt, s + r * kBk); break;
+    default: break;
+  }
+}
+
+// Scores of `rows` query rows against nv (1..4) column vectors; kt and s point at the first
+// column vector wanted (row strides stay kBk).
+inline void tile_scores(const float* q, int64_t hdp, int rows, const float* kt, float* s, int nv) {
+  switch (nv) {
+    case 1: scores_rows<1>(q, hdp, rows, kt, s); break;
+    case 2: scores_rows<2>(q, hdp, rows, kt, s); break;
+    case 3: scores_rows<3>(q, hdp, rows, kt, s); break;
+    default: scores_rows<4>(q, hdp, rows, kt, s); break;
+  }
+}
+
+// O[i, 0:16 ND] += sum_{c < cols} P[i, c] V[c, 0:16 ND] for R rows.
+template <int R, int ND>
+inline void pv_block(const float* p, const float* v, int64_t ldv, int cols, float* o, int64_t hdp) {
+  v16 a[R][ND];
+  for (int i = 0; i < R; ++i)
+    for (int c = 0; c < ND; ++c) a[i][c] = load(o + i * hdp + c * kV);
+  for (int j = 0; j < cols; ++j) {
+    v16 vv[ND];
+    for (int c = 0; c < ND; ++c) vv[c] = load(v + j * ldv + c * kV);
+    for (int i = 0; i < R; ++i) {
+      const v16 pv = bcast(p[i * kBk + j]);
+      for (int c = 0; c < ND; ++c) a[i][c] += pv * vv[c];
+    }
+  }
+  for (int i = 0; i < R; ++i)
+    for (int c = 0; c < ND; ++c) store(o + i * hdp + c * kV, a[i][c]);
+}
+
+template <int ND>
+inline void pv_rows(const float* p, const float* v, int64_t ldv, int rows, int cols, float* o, int64_t hdp) {
+  int r = 0;
+  for (; r + 4 <= rows; r += 4) pv_block<4, ND>(p + r * kBk, v, ldv, cols, o + r * hdp, hdp);
+  switch (rows - r) {
+    case 3: pv_block<3, ND>(p + r * kBk, v, ldv, cols, o + r * hdp, hdp); break;
+    case 2: pv_block<2, ND>(p + r * kBk, v, ldv, cols, o + r * hdp, hdp); break;
+    case 1: pv_block<1, ND>(p + r * kBk, v, ldv, cols, o + r * hdp, hdp); break;
+    default: break;
+  }
+}
+
+// O[r, :] += P[r, 0:cols] V[0:cols, :] for `rows` rows; p points at column 0 of row 0.
+inline void tile_pv(const float* p, const float* v, int64_t ldv, int rows, int cols, float* o, int64_t hdp) {
+  for (int64_t d0 = 0; d0 < hdp; d0 += 4 * kV) {
+    switch ((int)std::min<int64_t>(4, (hdp - d0) / kV)) {
+      case 1: pv_rows<1>(p, v + d0, ldv, rows, cols, o + d0, hdp); break;
+      case 2: pv_rows<2>(p, v + d0, ldv, rows, cols, o + d0, hdp); break;
+      case 3: pv_rows<3>(p, v + d0, ldv, rows, cols, o + d0, hdp); break;
+      default: pv_rows<4>(p, v + d0, ldv, rows, cols, o + d0, hdp); break;
+    }
+  }
+}
+
+// The columns of one key tile that one query row sees: [lo0, hi0) u [lo1, hi1), tile-local,
+// minus the columns whose key tag equals `tag` (when the tile has tags; tag -1 excludes none).
+struct RowSpan {
+  int lo0 = 0, hi0 = 0, lo1 = 0, hi1 = 0;
+  int32_t tag = -1;
+  bool empty() const { return lo0 >= hi0 && lo1 >= hi1; }
+};
+
+// Online-softmax state of one query tile, with its scratch.
+struct QueryTile {
+  int64_t hdp = 0;
+  int rows = 0;
+  std::vector<float> q, o, s, m, l;
+  explicit QueryTile(int64_t hdp_) : hdp(hdp_), q(kBq * hdp_), o(kBq * hdp_), s(kBq * kBk), m(kBq), l(kBq) {}
+  // Starts a tile of n rows: empty softmax state (q must be loaded separately).
+  void reset(int n) {
+    rows = n;
+    std::fill(o.begin(), o.begin() + n * hdp, 0.f);
+    std::fill(m.begin(), m.begin() + n, -std::numeric_limits<float>::infinity());
+    std::fill(l.begin(), l.begin() + n, 0.f);
+  }
+  // Loads row r from src (head_dim floats), multiplied by scale, zero-padded.
+  void load_row(int r, const float* src, int64_t hd, float scale) {
+    float* dst = q.data() + r * hdp;
+    for (int64_t d = 0; d < hd; ++d) dst[d] = src[d] * scale;
+    for (int64_t d = hd; d < hdp; ++d) dst[d] = 0.f;
+  }
+  // Writes row r normalised (hd floats) and its log-sum-exp (-inf and zeros for an empty row).
+  void store_row(int r, float* dst, int64_t hd, float* lse) const {
+    const float* src = o.data() + r * hdp;
+    const float inv = l[r] > 0.f ? 1.f / l[r] : 0.f;
+    for (int64_t d = 0; d < hd; ++d) dst[d] = src[d] * inv;
+    if (lse) *lse = l[r] > 0.f ? m[r] + std::log(l[r]) : -std::numeric_limits<float>::infinity();
+  }
+
+  // Visits one key tile (kt [hdp][kBk], v rows with stride ldv) for rows [r0, r1) with the given
+  // spans (indexed by row). key_tag (kBk entries, or null) drives the tag exclusion.
+  void visit(const float* kt, const float* v, int64_t ldv, int r0, int r1, const RowSpan* spans,
+             const int32_t* key_tag) {
+    int clo = kBk, chi = 0;
+    for (int r = r0; r < r1; ++r) {
+      const RowSpan& sp = spans[r];
+      if (sp.lo0 < sp.hi0) clo = std::min(clo, sp.lo0), chi = std::max(chi, sp.hi0);
+      if (sp.lo1 < sp.hi1) clo = std::min(clo, sp.lo1), chi = std::max(chi, sp.hi1);
+    }
+    if (clo >= chi) return;
+    const int cv0 = clo / kV, cv1 = (chi + kV - 1) / kV;
+    tile_scores(q.data() + r0 * hdp, hdp, r1 - r0, kt + cv0 * kV, s.data() + r0 * kBk + cv0 * kV, cv1 - cv0);
+    for (int r = r0; r < r1; ++r) softmax_row(r, spans[r], cv0, cv1, key_tag);
+    tile_pv(s.data() + r0 * kBk + clo, v + clo * ldv, ldv, r1 - r0, chi - clo, o.data() + r0 * hdp, hdp);
+  }
+
+ private:
+  // Turns row r's scores in column vectors [cv0, cv1) into probabilities (0 where not visible)
+  // and updates m, l and the output row.
+  void softmax_row(int r, const RowSpan& sp, int cv0, int cv1, const int32_t* key_tag) {
+    float* sr = s.data() + r * kBk;
+    const float ninf = -std::numeric_limits<float>::infinity();
+    if (sp.empty()) {
+      for (int c = cv0 * kV; c < cv1 * kV; ++c) sr[c] = 0.f;
+      return;
+    }
+    const vi16 iota{0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
+    const bool full = sp.lo0 <= cv0 * kV && sp.hi0 >= cv1 * kV && (!key_tag || sp.tag < 0);
+    vi16 mask[4];
+    v16 vm = bcast(ninf);
+    for (int c = cv0; c < cv1; ++c) {
+      v16 x = load(sr + c * kV);
+      if (!full) {
+        const vi16 col = iota + c * kV;
+        vi16 mk = ((col >= sp.lo0) & (col < sp.hi0)) | ((col >= sp.lo1) & (col < sp.hi1));
+        if (key_tag && sp.tag >= 0) {
+          vi16 kt;
+          std::memcpy(&kt, key_tag + c * kV, sizeof(kt));
+          mk &= (kt != sp.tag);
+        }
+        mask[c - cv0] = mk;
+        x = select(mk, x, bcast(ninf));
+        store(sr + c * kV, x);
+      }
+      vm = vmax(vm, x);
+    }
+    const float mx = std::max(m[r], hmax(vm));
+    if (mx == ninf) {  // nothing visible in this tile and nothing before
+      for (int c = cv0 * kV; c < cv1 * kV; ++c) sr[c] = 0.f;
+      return;
+    }
+    const float alpha = std::exp(m[r] - mx);  // 0 on the first visit (m = -inf)
+    v16 sum = {};
+    for (int c = cv0; c < cv1; ++c) {
+      v16 e = vexp(load(sr + c * kV) - mx);
+      if (!full) e = select(mask[c - cv0], e, v16{});
+      store(sr + c * kV, e);
+      sum += e;
+    }
+    l[r] = l[r] * alpha + hsum(sum);
+    m[r] = mx;
+    if (alpha != 1.f) {
+      float* orow = o.data() + r * hdp;
+      for (int64_t d = 0; d < hdp; d += kV) store(orow + d, load(orow + d) * alpha);
+    }
+  }
+};
+
+}  // namespace focus::cpu::tiles

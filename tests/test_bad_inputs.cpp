@@ -1,0 +1,282 @@
+// Malformed inputs through the `focus` binary: each must end with a clear message naming the
+// file and a non-zero exit, never a crash. CI also runs this suite against an AddressSanitizer
+// build of the binary (FOCUS_BIN points at it).
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "core/mapped_file.h"
+#include "test_util.h"
+
+namespace fs = std::filesystem;
+
+namespace {
+
+std::string focus_bin() {
+  if (const char* e = std::getenv("FOCUS_BIN")) return e;
+  return std::string(FOCUS_SOURCE_DIR) + "/build/focus";
+}
+
+struct Run {
+  int code;
+  std::string err;
+};
+
+Run run(const std::string& args) {
+  const std::string errf = ::testing::TempDir() + "/bad_inputs_stderr.txt";
+  const std::string cmd = focus_bin() + " " + args + " >/dev/null 2>" + errf;
+  const int st = std::system(cmd.c_str());
+  Run r{WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st), focus::read_file(errf)};
+  return r;
+}
+
+std::string dir() {
+  static const std::string d = [] {
+    std::string p = ::testing::TempDir() + "/focus_bad_inputs";
+    fs::create_directories(p);
+    return p;
+  }();
+  return d;
+}
+
+std::string write(const std::string& name, const std::string& bytes) {
+  const std::string p = dir() + "/" + name;
+  std::ofstream(p, std::ios::binary).write(bytes.data(), (std::streamsize)bytes.size());
+  return p;
+}
+
+// Minimal GGUF writer for hand-made files.
+struct GGUF {
+  std::string b;
+  void u32(uint32_t v) { b.append(reinterpret_cast<const char*>(&v), 4); }
+  void u64(uint64_t v) { b.append(reinterpret_cast<const char*>(&v), 8); }
+  void str(const std::string& s) {
+    u64(s.size());
+    b += s;
+  }
+  void kv_str(const std::string& k, const std::string& v) {
+    str(k);
+    u32(8);
+    str(v);
+  }
+  void kv_u32(const std::string& k, uint32_t v) {
+    str(k);
+    u32(4);
+    u32(v);
+  }
+  void header(uint64_t n_tensors, uint64_t n_kv) {
+    b = "GGUF";
+    u32(3);
+    u64(n_tensors);
+    u64(n_kv);
+  }
+  void tensor(const std::string& name, std::vector<uint64_t> ne, uint32_t type, uint64_t off) {
+    str(name);
+    u32((uint32_t)ne.size());
+    for (auto d : ne) u64(d);
+    u32(type);
+    u64(off);
+  }
+  void align_data(size_t n_bytes) {
+    while (b.size() % 32) b.push_back('\0');
+    b.append(n_bytes, '\0');
+  }
+};
+
+// A structurally valid GGUF of architecture `arch` holding one F32 tensor.
+std::string tiny_gguf(const std::string& arch, const std::string& tname, std::vector<uint64_t> ne) {
+  GGUF g;
+  g.header(1, 6);
+  g.kv_str("general.architecture", arch);
+  g.kv_u32(arch + ".embedding_length", 8);
+  g.kv_u32(arch + ".block_count", 1);
+  g.kv_u32(arch + ".attention.head_count", 2);
+  g.kv_u32(arch + ".feed_forward_length", 16);
+  g.kv_u32(arch + ".context_length", 32);
+  g.tensor(tname, ne, 0, 0);
+  uint64_t n = 1;
+  for (auto d : ne) n *= d;
+  g.align_data(n * 4);
+  return g.b;
+}
+
+void expect_clean_error(const std::string& args, const std::string& file, const std::string& phrase) {
+  if (!fs::exists(focus_bin())) GTEST_SKIP() << "focus binary not built: " << focus_bin();
+  Run r = run(args);
+  EXPECT_NE(r.code, 0) << args;
+  EXPECT_LT(r.code, 128) << "crashed (signal) on " << args << "\n" << r.err;
+  EXPECT_NE(r.err.find("error: "), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find(file), std::string::npos) << "message does not name " << file << ":\n" << r.err;
+  EXPECT_NE(r.err.find(phrase), std::string::npos) << "message lacks '" << phrase << "':\n" << r.err;
+  EXPECT_EQ(r.err.find("AddressSanitizer"), std::string::npos) << r.err;
+  EXPECT_EQ(r.err.find("runtime error"), std::string::npos) << r.err;
+}
+
+std::string stories() { return focus::test::data_path("models/stories260K/stories260K.bin"); }
+std::string tok512() { return focus::test::data_path("models/stories260K/tok512.bin"); }
+
+}  // namespace
+
+TEST(BadInputs, GgufEmptyFile) {
+  const auto p = write("empty.gguf", "");
+  expect_clean_error("info " + p, p, "GGUF");
+}
+
+TEST(BadInputs, GgufWrongMagic) {
+  const auto p = write("magic.gguf", "GGUX" + std::string(60, '\0'));
+  expect_clean_error("info " + p, p, "GGUF");
+}
+
+TEST(BadInputs, GgufTruncatedHeader) {
+  FOCUS_NEED_FILE(focus::test::smollm2_path());
+  std::string all = focus::read_file(focus::test::smollm2_path());
+  const auto p = write("trunc_header.gguf", all.substr(0, 2000));
+  expect_clean_error("info " + p, p, "");
+}
+
+TEST(BadInputs, GgufTruncatedTensorData) {
+  FOCUS_NEED_FILE(focus::test::smollm2_path());
+  std::string all = focus::read_file(focus::test::smollm2_path());
+  const auto p = write("trunc_data.gguf", all.substr(0, all.size() / 2));
+  expect_clean_error("info " + p, p, "");
+}
+
+TEST(BadInputs, GgufAbsurdStringLength) {
+  GGUF g;
+  g.header(0, 1);
+  g.u64(1ull << 60);  // key length
+  g.b += "general.architecture";
+  const auto p = write("absurd_string.gguf", g.b);
+  expect_clean_error("info " + p, p, "");
+}
+
+TEST(BadInputs, GgufAbsurdTensorCount) {
+  GGUF g;
+  g.header(1ull << 50, 0);
+  const auto p = write("absurd_count.gguf", g.b);
+  expect_clean_error("info " + p, p, "");
+}
+
+TEST(BadInputs, GgufUnknownTensorType) {
+  GGUF g;
+  g.header(1, 1);
+  g.kv_str("general.architecture", "llama");
+  g.tensor("token_embd.weight", {8, 4}, 77, 0);
+  g.align_data(256);
+  const auto p = write("unknown_type.gguf", g.b);
+  expect_clean_error("info " + p, p, "type");
+}
+
+TEST(BadInputs, GgufUnknownArchitecture) {
+  const auto p = write("mamba.gguf", tiny_gguf("mamba", "token_embd.weight", {8, 4}));
+  expect_clean_error("info " + p, p, "unsupported architecture 'mamba'");
+}
+
+TEST(BadInputs, GgufMissingTensor) {
+  const auto p = write("missing.gguf", tiny_gguf("llama", "token_embd.weight", {8, 4}));
+  expect_clean_error("info " + p, p, "missing tensor");
+}
+
+TEST(BadInputs, GgufInconsistentShape) {
+  const auto p = write("shape.gguf", tiny_gguf("llama", "token_embd.weight", {7, 4}));
+  expect_clean_error("info " + p, p, "shape");
+}
+
+TEST(BadInputs, Llama2cTruncated) {
+  FOCUS_NEED_FILE(stories());
+  std::string all = focus::read_file(stories());
+  const auto p = write("trunc_llama2c.bin", all.substr(0, all.size() - 1000));
+  expect_clean_error("info " + p + " --tokenizer " + tok512(), p, "truncated");
+}
+
+TEST(BadInputs, Llama2cAbsurdHeader) {
+  int32_t h[7] = {-64, 172, 5, 8, 4, 512, 512};
+  const auto p = write("absurd_llama2c.bin", std::string(reinterpret_cast<const char*>(h), sizeof(h)) + "xxxx");
+  expect_clean_error("info " + p, p, "not a llama2.c checkpoint");
+}
+
+TEST(BadInputs, Llama2cTokenizerTruncated) {
+  FOCUS_NEED_FILE(stories());
+  std::string tok = focus::read_file(tok512());
+  const auto t = write("trunc_tok.bin", tok.substr(0, tok.size() / 2));
+  expect_clean_error("info " + stories() + " --tokenizer " + t, t, "");
+}
+
+TEST(BadInputs, NanWeightsAreReported) {
+  FOCUS_NEED_FILE(stories());
+  std::string all = focus::read_file(stories());
+  const float nan = std::nanf("");
+  for (int i = 0; i < 64; ++i) std::memcpy(&all[28 + 4 * (512 * 64 + i)], &nan, 4);  // rms_att of layer 0
+  const auto p = write("nan.bin", all);
+  const auto text = focus::test::data_path("text/tinystories-sample-cs336.txt");
+  expect_clean_error("eval --model " + p + " --tokenizer " + tok512() + " --text " + text + " --ctx 64", p,
+                     "non-finite");
+}
+
+TEST(BadInputs, SafetensorsMissingConfig) {
+  const std::string d = dir() + "/st_noconfig";
+  fs::create_directories(d);
+  write("st_noconfig/model.safetensors", std::string(8, '\0'));
+  expect_clean_error("info " + d, d, "config.json");
+}
+
+TEST(BadInputs, SafetensorsHeaderBeyondFile) {
+  const std::string d = dir() + "/st_hdr";
+  fs::create_directories(d);
+  write("st_hdr/config.json", R"({"model_type":"gpt2","n_embd":8,"n_layer":1,"n_head":2,"vocab_size":16})");
+  uint64_t n = 1 << 20;
+  write("st_hdr/model.safetensors", std::string(reinterpret_cast<const char*>(&n), 8) + "{}");
+  expect_clean_error("info " + d, d, "");
+}
+
+TEST(BadInputs, SafetensorsBadJson) {
+  const std::string d = dir() + "/st_json";
+  fs::create_directories(d);
+  write("st_json/config.json", R"({"model_type":"gpt2","n_embd":8,"n_layer":1,"n_head":2,"vocab_size":16})");
+  const std::string hdr = "{\"wte.weight\": {\"dtype\": \"F32\", ";
+  uint64_t n = hdr.size();
+  write("st_json/model.safetensors", std::string(reinterpret_cast<const char*>(&n), 8) + hdr);
+  expect_clean_error("info " + d, d, "");
+}
+
+TEST(BadInputs, SafetensorsSizeMismatch) {
+  const std::string d = dir() + "/st_size";
+  fs::create_directories(d);
+  write("st_size/config.json", R"({"model_type":"gpt2","n_embd":8,"n_layer":1,"n_head":2,"vocab_size":16})");
+  const std::string hdr = R"({"wte.weight":{"dtype":"F32","shape":[16,8],"data_offsets":[0,100]}})";
+  uint64_t n = hdr.size();
+  write("st_size/model.safetensors", std::string(reinterpret_cast<const char*>(&n), 8) + hdr + std::string(100, '\0'));
+  expect_clean_error("info " + d, d, "");
+}
+
+TEST(BadInputs, ConfigUnknownModelType) {
+  const std::string d = dir() + "/st_type";
+  fs::create_directories(d);
+  write("st_type/config.json", R"({"model_type":"rwkv"})");
+  write("st_type/model.safetensors", std::string("\x02\0\0\0\0\0\0\0{}", 10));
+  expect_clean_error("info " + d, d, "unsupported model_type 'rwkv'");
+}
+
+TEST(BadInputs, TextInvalidUtf8) {
+  FOCUS_NEED_FILE(stories());
+  const auto t = write("bad.txt", "Once upon a \xFF\xFE time");
+  expect_clean_error("eval --model " + stories() + " --text " + t + " --ctx 64", t, "invalid UTF-8");
+}
+
+TEST(BadInputs, TextEmpty) {
+  FOCUS_NEED_FILE(stories());
+  const auto t = write("empty.txt", "");
+  expect_clean_error("eval --model " + stories() + " --text " + t + " --ctx 64", t, "empty");
+}
+
+TEST(BadInputs, MissingModelFile) {
+  const std::string p = dir() + "/no-such-model.gguf";
+  expect_clean_error("info " + p, p, "no such file");
+}

@@ -1,0 +1,374 @@
+// Soft-mode Focus attention: forward and hand-written backward.
+//  - a float64 reference (forward + analytic backward) is checked against central differences to
+//    1e-6 relative: that proves the formulas;
+//  - the fp32 tiled kernel is checked against the float64 reference (1e-4 relative to the largest
+//    gradient entry): that proves the kernel implements the formulas;
+//  - p == nullptr equals the dense flash kernel; causality and determinism are exact.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "core/error.h"
+#include "focus/soft_attention.h"
+#include "kernels/cpu/attention.h"
+
+using focus::SoftAttnShape;
+
+namespace {
+
+using VD = std::vector<double>;
+using VF = std::vector<float>;
+
+// ---- float64 reference ---------------------------------------------------------------------
+// Same layouts as the kernel: q [N,H,Dh], k/v [N,HKV,Dh], p [N,G] (empty: no bias).
+struct Ref {
+  SoftAttnShape s;
+  bool visible(int64_t i, int64_t j) const {
+    return j <= i && (s.sliding_window <= 0 || i - j < s.sliding_window);
+  }
+  bool biased(int64_t i, int64_t j) const { return i - j >= s.window && j >= s.sinks; }
+  double affinity(const VD& p, int64_t i, int64_t j) const {  // sum_g p_ig p_jg + eps
+    double a = 0;
+    for (int64_t g = 0; g < s.groups; ++g) a += p[i * s.groups + g] * p[j * s.groups + g];
+    return a + s.eps;
+  }
+  // Scores of row (i, h) into sc[0..i]; -inf where invisible.
+  void scores(const VD& q, const VD& k, const VD& p, int64_t i, int64_t h, VD& sc) const {
+    const int64_t hd = s.head_dim, kvh = h / (s.heads / s.kv_heads);
+    for (int64_t j = 0; j <= i; ++j) {
+      if (!visible(i, j)) {
+        sc[j] = -INFINITY;
+        continue;
+      }
+      double dot = 0;
+      for (int64_t e = 0; e < hd; ++e) dot += q[(i * s.heads + h) * hd + e] * k[(j * s.kv_heads + kvh) * hd + e];
+      sc[j] = s.scale * dot + (!p.empty() && biased(i, j) ? std::log(affinity(p, i, j)) : 0.0);
+    }
+  }
+  void forward(const VD& q, const VD& k, const VD& v, const VD& p, VD& o, VD& lse) const {
+    const int64_t n = s.n, H = s.heads, hd = s.head_dim, gs = s.heads / s.kv_heads;
+    o.assign(n * H * hd, 0.0);
+    lse.assign(H * n, 0.0);
+    VD sc(n);
+    for (int64_t i = 0; i < n; ++i)
+      for (int64_t h = 0; h < H; ++h) {
+        scores(q, k, p, i, h, sc);
+        double mx = -INFINITY, sum = 0;
+        for (int64_t j = 0; j <= i; ++j) mx = std::max(mx, sc[j]);
+        for (int64_t j = 0; j <= i; ++j) sum += std::exp(sc[j] - mx);
+        lse[h * n + i] = mx + std::log(sum);
+        for (int64_t j = 0; j <= i; ++j) {
+          const double w = std::exp(sc[j] - lse[h * n + i]);
+          for (int64_t e = 0; e < hd; ++e) o[(i * H + h) * hd + e] += w * v[(j * s.kv_heads + h / gs) * hd + e];
+        }
+      }
+  }
+  // Analytic backward: dS_ij = P_ij (dO_i.v_j - sum_j' P_ij' dO_i.v_j'); dq, dk, dv as usual;
+  // dp_ig += dS_ij p_jg / A_ij and dp_jg += dS_ij p_ig / A_ij on biased pairs (summed over heads).
+  void backward(const VD& q, const VD& k, const VD& v, const VD& p, const VD& dout, VD& dq, VD& dk, VD& dv,
+                VD& dp) const {
+    const int64_t n = s.n, H = s.heads, KVH = s.kv_heads, hd = s.head_dim, gs = H / KVH, G = s.groups;
+    dq.assign(n * H * hd, 0.0);
+    dk.assign(n * KVH * hd, 0.0);
+    dv.assign(n * KVH * hd, 0.0);
+    dp.assign(p.empty() ? 0 : n * G, 0.0);
+    VD sc(n), P(n), dP(n);
+    for (int64_t i = 0; i < n; ++i)
+      for (int64_t h = 0; h < H; ++h) {
+        const int64_t kvh = h / gs;
+        scores(q, k, p, i, h, sc);
+        double mx = -INFINITY, sum = 0, dsum = 0;
+        for (int64_t j = 0; j <= i; ++j) mx = std::max(mx, sc[j]);
+        for (int64_t j = 0; j <= i; ++j) sum += std::exp(sc[j] - mx);
+        for (int64_t j = 0; j <= i; ++j) {
+          P[j] = std::exp(sc[j] - mx) / sum;
+          double d = 0;
+          for (int64_t e = 0; e < hd; ++e) d += dout[(i * H + h) * hd + e] * v[(j * KVH + kvh) * hd + e];
+          dP[j] = d;
+          dsum += P[j] * d;
+        }
+        for (int64_t j = 0; j <= i; ++j) {
+          const double dS = P[j] * (dP[j] - dsum);
+          for (int64_t e = 0; e < hd; ++e) {
+            dq[(i * H + h) * hd + e] += s.scale * dS * k[(j * KVH + kvh) * hd + e];
+            dk[(j * KVH + kvh) * hd + e] += s.scale * dS * q[(i * H + h) * hd + e];
+            dv[(j * KVH + kvh) * hd + e] += P[j] * dout[(i * H + h) * hd + e];
+          }
+          if (!p.empty() && visible(i, j) && biased(i, j)) {
+            const double a = affinity(p, i, j);
+            for (int64_t g = 0; g < G; ++g) {
+              dp[i * G + g] += dS * p[j * G + g] / a;
+              dp[j * G + g] += dS * p[i * G + g] / a;
+            }
+          }
+        }
+      }
+  }
+};
+
+struct Inputs {
+  VF q, k, v, p, w;  // w: weights of the scalar loss L = sum(w * o)
+};
+
+Inputs make_inputs(const SoftAttnShape& s, bool with_p, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> nd(0.f, 1.f);
+  Inputs in;
+  in.q.resize(s.n * s.heads * s.head_dim);
+  in.k.resize(s.n * s.kv_heads * s.head_dim);
+  in.v.resize(in.k.size());
+  in.w.resize(in.q.size());
+  for (auto* t : {&in.q, &in.k, &in.v, &in.w})
+    for (auto& x : *t) x = nd(rng);
+  if (with_p) {  // rows of a softmax over random logits, as the router produces
+    in.p.resize(s.n * s.groups);
+    for (int64_t i = 0; i < s.n; ++i) {
+      double sum = 0;
+      for (int64_t g = 0; g < s.groups; ++g) sum += in.p[i * s.groups + g] = std::exp(2.f * nd(rng));
+      for (int64_t g = 0; g < s.groups; ++g) in.p[i * s.groups + g] /= (float)sum;
+    }
+  }
+  return in;
+}
+
+VD to_d(const VF& x) { return VD(x.begin(), x.end()); }
+
+double rel_err(const VF& got, const VD& want) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < want.size(); ++i) {
+    num = std::max(num, std::fabs(got[i] - want[i]));
+    den = std::max(den, std::fabs(want[i]));
+  }
+  return den > 0 ? num / den : num;
+}
+double rel_err(const VD& got, const VD& want) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < want.size(); ++i) {
+    num = std::max(num, std::fabs(got[i] - want[i]));
+    den = std::max(den, std::fabs(want[i]));
+  }
+  return den > 0 ? num / den : num;
+}
+
+SoftAttnShape shape(int64_t n, int64_t H, int64_t KVH, int64_t hd, int64_t G, int64_t w, int64_t S) {
+  SoftAttnShape s;
+  s.n = n;
+  s.heads = H;
+  s.kv_heads = KVH;
+  s.head_dim = hd;
+  s.groups = G;
+  s.window = w;
+  s.sinks = S;
+  s.scale = 1.f / std::sqrt((float)hd);
+  return s;
+}
+
+// ---- float64: analytic backward against central differences ---------------------------------
+void check_reference_gradients(const SoftAttnShape& s, bool with_p, uint32_t seed) {
+  const Inputs in = make_inputs(s, with_p, seed);
+  const Ref ref{s};
+  VD q = to_d(in.q), k = to_d(in.k), v = to_d(in.v), p = to_d(in.p), w = to_d(in.w);
+  VD dq, dk, dv, dp;
+  ref.backward(q, k, v, p, w, dq, dk, dv, dp);
+  auto loss = [&] {
+    VD o, lse;
+    ref.forward(q, k, v, p, o, lse);
+    double L = 0;
+    for (size_t i = 0; i < o.size(); ++i) L += w[i] * o[i];
+    return L;
+  };
+  const double h = 1e-5;
+  auto numeric = [&](VD& x) {
+    VD g(x.size());
+    for (size_t i = 0; i < x.size(); ++i) {
+      const double x0 = x[i];
+      x[i] = x0 + h;
+      const double lp = loss();
+      x[i] = x0 - h;
+      const double lm = loss();
+      x[i] = x0;
+      g[i] = (lp - lm) / (2 * h);
+    }
+    return g;
+  };
+  const char* what = with_p ? "with bias" : "no bias";
+  EXPECT_LT(rel_err(dq, numeric(q)), 1e-6) << "dq " << what;
+  EXPECT_LT(rel_err(dk, numeric(k)), 1e-6) << "dk " << what;
+  EXPECT_LT(rel_err(dv, numeric(v)), 1e-6) << "dv " << what;
+  if (with_p) {
+    const VD np = numeric(p);
+    EXPECT_LT(rel_err(dp, np), 1e-6) << "dp";
+    double mx = 0;
+    for (double x : np) mx = std::max(mx, std::fabs(x));
+    EXPECT_GT(mx, 1e-3) << "the bias gradient should not vanish in this case";
+  }
+}
+
+// ---- fp32 kernel against the float64 reference ---------------------------------------------
+void check_kernel(const SoftAttnShape& s, bool with_p, uint32_t seed) {
+  SCOPED_TRACE(::testing::Message() << "n " << s.n << " H " << s.heads << "/" << s.kv_heads << " hd " << s.head_dim
+                                    << " G " << s.groups << " w " << s.window << " S " << s.sinks << " sliding "
+                                    << s.sliding_window << (with_p ? " bias" : " no bias"));
+  const Inputs in = make_inputs(s, with_p, seed);
+  const float* pp = with_p ? in.p.data() : nullptr;
+  VF o(in.q.size()), lse(s.heads * s.n);
+  focus::soft_attention_forward(in.q.data(), in.k.data(), in.v.data(), pp, o.data(), lse.data(), s);
+  VF dq(in.q.size(), 0.f), dk(in.k.size(), 0.f), dv(in.v.size(), 0.f), dp(in.p.size(), 0.f);
+  focus::soft_attention_backward(in.q.data(), in.k.data(), in.v.data(), pp, o.data(), lse.data(), in.w.data(),
+                                 dq.data(), dk.data(), dv.data(), with_p ? dp.data() : nullptr, s);
+
+  const Ref ref{s};
+  const VD q = to_d(in.q), k = to_d(in.k), v = to_d(in.v), p = to_d(in.p), w = to_d(in.w);
+  VD ro, rlse, rdq, rdk, rdv, rdp;
+  ref.forward(q, k, v, p, ro, rlse);
+  ref.backward(q, k, v, p, w, rdq, rdk, rdv, rdp);
+  EXPECT_LT(rel_err(o, ro), 1e-5) << "o";
+  double lse_err = 0;
+  for (size_t i = 0; i < rlse.size(); ++i) lse_err = std::max(lse_err, std::fabs(lse[i] - rlse[i]));
+  EXPECT_LT(lse_err, 1e-5) << "lse";
+  EXPECT_LT(rel_err(dq, rdq), 1e-4) << "dq";
+  EXPECT_LT(rel_err(dk, rdk), 1e-4) << "dk";
+  EXPECT_LT(rel_err(dv, rdv), 1e-4) << "dv";
+  if (with_p) EXPECT_LT(rel_err(dp, rdp), 1e-4) << "dp";
+}
+
+}  // namespace
+
+TEST(SoftAttentionReference, BackwardMatchesFiniteDifferences) {
+  check_reference_gradients(shape(7, 4, 2, 8, 4, 1, 2), true, 1);   // GQA, window 1, 2 sinks
+  check_reference_gradients(shape(9, 4, 1, 5, 4, 1, 0), true, 2);   // MQA, odd head_dim
+  check_reference_gradients(shape(20, 2, 2, 4, 1, 16, 0), true, 3); // G = 1, window 16
+  check_reference_gradients(shape(20, 4, 2, 4, 3, 16, 2), true, 4); // window 16, sinks
+  check_reference_gradients(shape(6, 4, 2, 8, 4, 0, 0), true, 5);   // window 0: every pair biased
+  check_reference_gradients(shape(9, 4, 2, 8, 4, 1, 0), false, 6);  // no bias
+  SoftAttnShape sw = shape(12, 2, 1, 4, 4, 2, 1);
+  sw.sliding_window = 5;  // sliding-window layer
+  check_reference_gradients(sw, true, 7);
+}
+
+TEST(SoftAttentionKernel, MatchesReferenceAcrossShapes) {
+  uint32_t seed = 100;
+  for (int64_t n : {1, 7, 65, 130})
+    for (int64_t w : {1, 16})
+      for (int64_t S : {0, 2})
+        for (auto [H, KVH] : {std::pair<int64_t, int64_t>{4, 2}, {4, 1}})
+          for (int64_t G : {1, 4}) check_kernel(shape(n, H, KVH, n == 65 ? 64 : 20, G, w, S), true, ++seed);
+}
+
+TEST(SoftAttentionKernel, NoBiasAndEdgeShapes) {
+  for (int64_t n : {1, 7, 65, 130}) check_kernel(shape(n, 4, 2, 20, 4, 16, 0), false, 200 + n);
+  check_kernel(shape(130, 3, 3, 64, 16, 0, 0), true, 301);   // MHA, window 0, G = 16
+  check_kernel(shape(129, 8, 1, 80, 5, 64, 1), true, 302);   // MQA 8/1, head_dim 80, window = tile
+  check_kernel(shape(200, 2, 1, 8, 20, 100, 3), true, 303);  // G > 16 (two vectors), tiny head_dim
+  SoftAttnShape sw = shape(200, 4, 2, 16, 4, 8, 2);
+  sw.sliding_window = 70;
+  check_kernel(sw, true, 304);
+  sw.sliding_window = 1;
+  check_kernel(sw, false, 305);
+}
+
+TEST(SoftAttentionKernel, WithoutBiasEqualsDenseFlashKernel) {
+  for (int64_t n : {1, 7, 65, 130, 300})
+    for (int64_t sliding : {0, 16, 100}) {
+      SoftAttnShape s = shape(n, 4, 2, 64, 4, 16, 2);
+      s.sliding_window = sliding;
+      const Inputs in = make_inputs(s, false, 400 + n);
+      VF o1(in.q.size()), o2(in.q.size()), l1(4 * n), l2(4 * n);
+      focus::soft_attention_forward(in.q.data(), in.k.data(), in.v.data(), nullptr, o1.data(), l1.data(), s);
+      const focus::cpu::AttnShape a{n, n, 0, 4, 2, 64, 4 * 64, 2 * 64, 4 * 64, s.scale, sliding};
+      focus::cpu::flash_attention(in.q.data(), in.k.data(), in.v.data(), o2.data(), l2.data(), a);
+      for (size_t i = 0; i < o1.size(); ++i) ASSERT_NEAR(o1[i], o2[i], 1e-6) << "n " << n << " sliding " << sliding;
+      for (size_t i = 0; i < l1.size(); ++i) ASSERT_NEAR(l1[i], l2[i], 1e-6) << "n " << n << " sliding " << sliding;
+    }
+}
+
+TEST(SoftAttentionKernel, CausalExactly) {
+  // Changing q/k/v/p of tokens after i leaves o and lse at positions <= i bit-for-bit unchanged.
+  const SoftAttnShape s = shape(150, 4, 2, 32, 4, 16, 2);
+  const Inputs base = make_inputs(s, true, 500);
+  VF o0(base.q.size()), l0(4 * s.n);
+  focus::soft_attention_forward(base.q.data(), base.k.data(), base.v.data(), base.p.data(), o0.data(), l0.data(), s);
+  std::mt19937 rng(501);
+  std::normal_distribution<float> nd(0.f, 3.f);
+  for (int64_t i : {0, 5, 63, 64, 100, 148}) {
+    Inputs in = base;
+    const int64_t qs = s.heads * s.head_dim, ks = s.kv_heads * s.head_dim;
+    for (int64_t j = i + 1; j < s.n; ++j) {
+      for (int64_t e = 0; e < qs; ++e) in.q[j * qs + e] = nd(rng);
+      for (int64_t e = 0; e < ks; ++e) in.k[j * ks + e] = nd(rng), in.v[j * ks + e] = nd(rng);
+      for (int64_t g = 0; g < s.groups; ++g) in.p[j * s.groups + g] = std::fabs(nd(rng));
+    }
+    VF o(base.q.size()), l(4 * s.n);
+    focus::soft_attention_forward(in.q.data(), in.k.data(), in.v.data(), in.p.data(), o.data(), l.data(), s);
+    EXPECT_EQ(0, std::memcmp(o.data(), o0.data(), (i + 1) * qs * sizeof(float))) << "outputs up to " << i;
+    for (int64_t h = 0; h < s.heads; ++h)
+      EXPECT_EQ(0, std::memcmp(l.data() + h * s.n, l0.data() + h * s.n, (i + 1) * sizeof(float))) << "lse up to " << i;
+  }
+}
+
+TEST(SoftAttentionKernel, BackwardIsDeterministicAndAccumulates) {
+  const SoftAttnShape s = shape(300, 4, 2, 64, 4, 16, 2);
+  const Inputs in = make_inputs(s, true, 600);
+  VF o(in.q.size()), lse(4 * s.n);
+  focus::soft_attention_forward(in.q.data(), in.k.data(), in.v.data(), in.p.data(), o.data(), lse.data(), s);
+  auto run = [&](float init) {
+    std::vector<VF> g{VF(in.q.size(), init), VF(in.k.size(), init), VF(in.v.size(), init), VF(in.p.size(), init)};
+    focus::soft_attention_backward(in.q.data(), in.k.data(), in.v.data(), in.p.data(), o.data(), lse.data(),
+                                   in.w.data(), g[0].data(), g[1].data(), g[2].data(), g[3].data(), s);
+    return g;
+  };
+  const auto a = run(0.f), b = run(0.f), c = run(1.f);
+  for (int t = 0; t < 4; ++t) {
+    EXPECT_EQ(0, std::memcmp(a[t].data(), b[t].data(), a[t].size() * sizeof(float))) << "tensor " << t;
+    for (size_t i = 0; i < a[t].size(); ++i) ASSERT_NEAR(c[t][i], a[t][i] + 1.f, 1e-5) << "tensor " << t;
+  }
+}
+
+TEST(SoftAttentionKernel, RejectsBadShapes) {
+  VF x(64, 0.1f), o(64);
+  SoftAttnShape s = shape(2, 3, 2, 8, 4, 1, 0);  // 3 heads over 2 kv heads
+  EXPECT_THROW(focus::soft_attention_forward(x.data(), x.data(), x.data(), nullptr, o.data(), nullptr, s),
+               focus::Error);
+  s = shape(2, 2, 1, 8, 0, 1, 0);  // p given with G = 0
+  EXPECT_THROW(focus::soft_attention_forward(x.data(), x.data(), x.data(), x.data(), o.data(), nullptr, s),
+               focus::Error);
+  s = shape(2, 2, 1, 8, 4, -1, 0);
+  EXPECT_THROW(focus::soft_attention_forward(x.data(), x.data(), x.data(), nullptr, o.data(), nullptr, s),
+               focus::Error);
+}
+
+TEST(SoftAttentionKernel, Throughput) {
+  // The router-training shape (SmolLM2-135M heads): N = 2048, H = 9, HKV = 3, Dh = 64, G = 16.
+  // FLOPs counted on the visible causal pairs: forward 4 * Dh, backward 10 * Dh per pair and head.
+  SoftAttnShape s = shape(2048, 9, 3, 64, 16, 64, 1);
+  const Inputs in = make_inputs(s, true, 700);
+  VF o(in.q.size()), lse(9 * s.n), dq(in.q.size()), dk(in.k.size()), dv(in.v.size()), dp(in.p.size());
+  const double pairs = (double)s.n * (s.n + 1) / 2 * s.heads;
+  auto time = [](auto&& f) {
+    double best = 1e30;
+    for (int r = 0; r < 3; ++r) {
+      const auto t0 = std::chrono::steady_clock::now();
+      f();
+      best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    }
+    return best;
+  };
+  for (const bool bias : {false, true}) {
+    const float* p = bias ? in.p.data() : nullptr;
+    const double tf = time([&] {
+      focus::soft_attention_forward(in.q.data(), in.k.data(), in.v.data(), p, o.data(), lse.data(), s);
+    });
+    const double tb = time([&] {
+      focus::soft_attention_backward(in.q.data(), in.k.data(), in.v.data(), p, o.data(), lse.data(), in.w.data(),
+                                     dq.data(), dk.data(), dv.data(), bias ? dp.data() : nullptr, s);
+    });
+    std::printf("[ soft attention %s ] N 2048 H 9/3 Dh 64 G 16: forward %.1f ms (%.1f GFLOP/s), backward %.1f ms "
+                "(%.1f GFLOP/s)\n",
+                bias ? "with bias" : "no bias  ", tf * 1e3, 4.0 * 64 * pairs / tf / 1e9, tb * 1e3,
+                10.0 * 64 * pairs / tb / 1e9);
+  }
+}

@@ -1,0 +1,298 @@
+// Hard-mode Focus attention: the fused and two-call kernels against the masked reference, the
+// degenerate patterns against dense causal attention, the pair count against brute force.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <random>
+#include <vector>
+
+#include "core/error.h"
+#include "focus/group_layout.h"
+#include "focus/sparse_attention.h"
+#include "kernels/cpu/attention.h"
+
+using focus::FocusAttnShape;
+using focus::Routing;
+
+namespace {
+
+struct Inputs {
+  FocusAttnShape s;
+  std::vector<float> q, k, v;
+};
+
+Inputs make_inputs(int64_t n, int64_t heads, int64_t kv_heads, int64_t hd, int64_t window, int64_t sinks,
+                   uint32_t seed, int64_t pad = 0) {
+  Inputs in;
+  FocusAttnShape& s = in.s;
+  s.n = n;
+  s.heads = heads;
+  s.kv_heads = kv_heads;
+  s.head_dim = hd;
+  s.q_stride = heads * hd + pad;
+  s.kv_stride = kv_heads * hd + pad;
+  s.o_stride = heads * hd + pad;
+  s.scale = 1.f / std::sqrt((float)hd);
+  s.window = window;
+  s.sinks = sinks;
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> nd(0.f, 1.f);
+  in.q.resize(std::max<int64_t>(1, n * s.q_stride));
+  in.k.resize(std::max<int64_t>(1, n * s.kv_stride));
+  in.v.resize(std::max<int64_t>(1, n * s.kv_stride));
+  for (auto& x : in.q) x = nd(rng);
+  for (auto& x : in.k) x = nd(rng);
+  for (auto& x : in.v) x = nd(rng);
+  return in;
+}
+
+// Random routing over groups [0, G - 2); token n / 2 also alone in group G - 2 (a single-member
+// group); group G - 1 stays empty.
+std::vector<int32_t> make_routing(int64_t n, int topk, int64_t G, uint32_t seed) {
+  std::mt19937 rng(seed);
+  const int64_t used = G - 2;
+  std::vector<int32_t> ids(n * topk);
+  for (int64_t i = 0; i < n; ++i) {
+    int32_t a = (int32_t)(rng() % used);
+    if (topk == 1) {
+      ids[i] = i == n / 2 ? (int32_t)(G - 2) : a;
+    } else {
+      int32_t b = (int32_t)(rng() % (used - 1));
+      if (b >= a) ++b;
+      if (i == n / 2) b = (int32_t)(G - 2);
+      ids[2 * i] = std::min(a, b);
+      ids[2 * i + 1] = std::max(a, b);
+    }
+  }
+  return ids;
+}
+
+struct Out {
+  std::vector<float> o, lse;
+};
+
+template <class F>
+Out run(F f, const Inputs& in) {
+  Out r;
+  r.o.assign(std::max<int64_t>(1, in.s.n * in.s.o_stride), 0.f);
+  r.lse.assign(std::max<int64_t>(1, in.s.heads * in.s.n), 0.f);
+  f(in.q.data(), in.k.data(), in.v.data(), r.o.data(), r.lse.data());
+  return r;
+}
+
+// Largest |a - b| / max(1, |b|) over outputs (only the head_dim * heads floats of each row) and lse.
+double rel_err(const Out& a, const Out& b, const FocusAttnShape& s) {
+  double e = 0;
+  for (int64_t i = 0; i < s.n; ++i)
+    for (int64_t x = 0; x < s.heads * s.head_dim; ++x) {
+      const double u = a.o[i * s.o_stride + x], w = b.o[i * s.o_stride + x];
+      e = std::max(e, std::fabs(u - w) / std::max(1.0, std::fabs(w)));
+    }
+  for (int64_t i = 0; i < s.heads * s.n; ++i) {
+    const double u = a.lse[i], w = b.lse[i];
+    if (std::isinf(w) || std::isinf(u)) {
+      if (u != w) e = INFINITY;
+      continue;
+    }
+    e = std::max(e, std::fabs(u - w) / std::max(1.0, std::fabs(w)));
+  }
+  return std::isnan(e) ? INFINITY : e;
+}
+
+void check_against_reference(int64_t n, int64_t window, int topk, int64_t kv_heads, int64_t sinks,
+                             int64_t heads = 8, int64_t hd = 64, int64_t pad = 0) {
+  const int64_t G = 7;
+  const uint32_t seed = (uint32_t)(n * 131 + window * 17 + topk * 7 + kv_heads * 3 + sinks + hd);
+  const Inputs in = make_inputs(n, heads, kv_heads, hd, window, sinks, seed, pad);
+  const std::vector<int32_t> ids = make_routing(n, topk, G, seed + 1);
+  const Routing r{ids.data(), G, topk};
+  const FocusAttnShape& s = in.s;
+  const Out ref = run([&](auto... p) { focus::focus_attention_reference(p..., s, r); }, in);
+  const Out fused = run([&](auto... p) { focus::focus_attention_fused(p..., s, r); }, in);
+  const Out two = run([&](auto... p) { focus::focus_attention_two_call(p..., s, r); }, in);
+  const std::string what = "n " + std::to_string(n) + " w " + std::to_string(window) + " k " +
+                           std::to_string(topk) + " kv_heads " + std::to_string(kv_heads) + " sinks " +
+                           std::to_string(sinks) + " hd " + std::to_string(hd);
+  EXPECT_LE(rel_err(fused, ref, s), 1e-5) << "fused, " << what;
+  EXPECT_LE(rel_err(two, ref, s), 1e-5) << "two-call, " << what;
+}
+
+// Dense causal attention from the flash kernel (window 0) on the same inputs.
+Out dense_causal(const Inputs& in) {
+  const FocusAttnShape& s = in.s;
+  focus::cpu::AttnShape d{s.n, s.n, 0, s.heads, s.kv_heads, s.head_dim, s.q_stride, s.kv_stride, s.o_stride,
+                          s.scale, 0};
+  return run([&](auto... p) { focus::cpu::flash_attention(p..., d); }, in);
+}
+
+void check_equals_dense(const Inputs& in, const Routing& r, const char* what) {
+  const Out dense = dense_causal(in);
+  const Out fused = run([&](auto... p) { focus::focus_attention_fused(p..., in.s, r); }, in);
+  const Out two = run([&](auto... p) { focus::focus_attention_two_call(p..., in.s, r); }, in);
+  EXPECT_LE(rel_err(fused, dense, in.s), 1e-5) << "fused, " << what << ", n " << in.s.n << " w " << in.s.window;
+  EXPECT_LE(rel_err(two, dense, in.s), 1e-5) << "two-call, " << what << ", n " << in.s.n << " w " << in.s.window;
+}
+
+int64_t brute_pair_count(const Routing& r, int64_t n, int64_t w, int64_t S) {
+  int64_t c = 0;
+  for (int64_t i = 0; i < n; ++i)
+    for (int64_t j = 0; j <= i; ++j) {
+      bool share = false;
+      for (int a = 0; a < r.topk; ++a)
+        for (int b = 0; b < r.topk; ++b) share |= r.ids[i * r.topk + a] == r.ids[j * r.topk + b];
+      c += (i - j < w || j < S || share) ? 1 : 0;
+    }
+  return c;
+}
+
+}  // namespace
+
+TEST(GroupLayout, StableSortedSegments) {
+  const std::vector<int32_t> ids = {2, 0, 2, 1, 0, 2};
+  const focus::GroupLayout L = focus::build_group_layout({ids.data(), 4, 1}, 6);
+  EXPECT_EQ(L.offsets, (std::vector<int64_t>{0, 2, 3, 6, 6}));
+  EXPECT_EQ(L.members, (std::vector<int32_t>{1, 4, 3, 0, 2, 5}));
+  EXPECT_DOUBLE_EQ(L.load_max_over_mean(), 3.0 * 4 / 6);
+  const std::vector<int32_t> ids2 = {0, 1, 1, 2, 0, 2};  // topk 2: each token in both its groups
+  const focus::GroupLayout L2 = focus::build_group_layout({ids2.data(), 3, 2}, 3);
+  EXPECT_EQ(L2.offsets, (std::vector<int64_t>{0, 2, 4, 6}));
+  EXPECT_EQ(L2.members, (std::vector<int32_t>{0, 2, 0, 1, 1, 2}));
+}
+
+TEST(GroupLayout, RejectsBadRouting) {
+  const std::vector<int32_t> out_of_range = {0, 3};
+  EXPECT_THROW(focus::build_group_layout({out_of_range.data(), 3, 1}, 2), focus::Error);
+  const std::vector<int32_t> unsorted = {1, 0};
+  EXPECT_THROW(focus::build_group_layout({unsorted.data(), 3, 2}, 1), focus::Error);
+  const std::vector<int32_t> repeated = {1, 1};
+  EXPECT_THROW(focus::build_group_layout({repeated.data(), 3, 2}, 1), focus::Error);
+  EXPECT_THROW(focus::build_group_layout({repeated.data(), 3, 3}, 0), focus::Error);  // topk 3
+}
+
+TEST(FocusPairCount, MatchesBruteForce) {
+  for (int topk : {1, 2})
+    for (int64_t n : {1, 5, 64, 300})
+      for (int64_t w : {1, 3, 40, 400})
+        for (int64_t S : {0, 2, 7}) {
+          const std::vector<int32_t> ids = make_routing(n, topk, 6, (uint32_t)(n + w + S + topk));
+          const Routing r{ids.data(), 6, topk};
+          EXPECT_EQ(focus::focus_pair_count(r, n, w, S), brute_pair_count(r, n, w, S))
+              << "topk " << topk << " n " << n << " w " << w << " S " << S;
+        }
+}
+
+TEST(FocusAttention, SmallShapesMatchReference) {
+  for (int64_t n : {1, 7, 63, 64, 65})
+    for (int64_t w : {1, 16, 128})
+      for (int topk : {1, 2})
+        for (int64_t kvh : {8, 2, 1})
+          for (int64_t S : {0, 4}) check_against_reference(n, w, topk, kvh, S);
+}
+
+TEST(FocusAttention, N1000MatchesReference) {
+  for (int64_t w : {1, 16, 128})
+    for (int topk : {1, 2})
+      for (int64_t kvh : {8, 2, 1})
+        for (int64_t S : {0, 4}) check_against_reference(1000, w, topk, kvh, S);
+}
+
+TEST(FocusAttention, N3001MatchesReference) {
+  // Every window, topk, head layout and sink count appears at least once.
+  check_against_reference(3001, 1, 1, 8, 0);
+  check_against_reference(3001, 16, 2, 2, 4);
+  check_against_reference(3001, 128, 1, 1, 4);
+  check_against_reference(3001, 128, 2, 8, 0);
+  check_against_reference(3001, 16, 1, 2, 0);
+  check_against_reference(3001, 1, 2, 1, 4);
+}
+
+TEST(FocusAttention, OddHeadDimsAndStrides) {
+  for (int64_t hd : {8, 80})
+    for (int topk : {1, 2}) check_against_reference(300, 16, topk, 2, 3, 4, hd, /*pad=*/5);
+  check_against_reference(200, 70, 1, 1, 100, 2, 24, 3);  // many sinks, beyond one key tile
+}
+
+TEST(FocusAttention, OneGroupIsDenseCausal) {
+  for (int64_t n : {65, 1000})
+    for (int64_t w : {1, 16, 128})
+      for (int64_t S : {0, 4}) {
+        const Inputs in = make_inputs(n, 8, 2, 64, w, S, (uint32_t)(n + w + S));
+        const std::vector<int32_t> ids(n, 0);
+        check_equals_dense(in, {ids.data(), 1, 1}, "G = 1");
+        // topk 2 over two groups: every pair shares both groups and must count once.
+        std::vector<int32_t> both(2 * n);
+        for (int64_t i = 0; i < n; ++i) both[2 * i] = 0, both[2 * i + 1] = 1;
+        check_equals_dense(in, {both.data(), 2, 2}, "topk 2 of G = 2");
+      }
+}
+
+TEST(FocusAttention, WindowCoveringEverythingIsDenseCausal) {
+  for (int64_t n : {64, 1000})
+    for (int topk : {1, 2})
+      for (int64_t extra : {0, 7}) {
+        const Inputs in = make_inputs(n, 8, 8, 64, n + extra, 4, (uint32_t)(n + topk + extra));
+        const std::vector<int32_t> ids = make_routing(n, topk, 7, 5);
+        check_equals_dense(in, {ids.data(), 7, topk}, "window >= n");
+      }
+}
+
+TEST(FocusAttention, Causal) {
+  // Changing key/value rows after position t must leave outputs at positions <= t unchanged.
+  const int64_t n = 500, t = 311;
+  for (int topk : {1, 2}) {
+    Inputs in = make_inputs(n, 4, 2, 32, 16, 2, 99);
+    const std::vector<int32_t> ids = make_routing(n, topk, 7, 3);
+    const Routing r{ids.data(), 7, topk};
+    const Out f0 = run([&](auto... p) { focus::focus_attention_fused(p..., in.s, r); }, in);
+    const Out c0 = run([&](auto... p) { focus::focus_attention_two_call(p..., in.s, r); }, in);
+    for (int64_t i = (t + 1) * in.s.kv_stride; i < n * in.s.kv_stride; ++i) in.k[i] += 3.f, in.v[i] -= 2.f;
+    const Out f1 = run([&](auto... p) { focus::focus_attention_fused(p..., in.s, r); }, in);
+    const Out c1 = run([&](auto... p) { focus::focus_attention_two_call(p..., in.s, r); }, in);
+    for (int64_t i = 0; i < (t + 1) * in.s.o_stride; ++i) {
+      ASSERT_EQ(f0.o[i], f1.o[i]) << "fused, topk " << topk;
+      ASSERT_EQ(c0.o[i], c1.o[i]) << "two-call, topk " << topk;
+    }
+  }
+}
+
+TEST(FocusAttention, GroupCallLeavesEmptyRowsAtMinusInfinity) {
+  // Call 2 alone: the first token of every group has no same-group key beyond the window.
+  const Inputs in = make_inputs(100, 2, 1, 16, 8, 0, 4);
+  const std::vector<int32_t> ids = make_routing(100, 1, 7, 8);
+  const Routing r{ids.data(), 7, 1};
+  const Out o2 = run([&](auto... p) { focus::focus_group_attention(p..., in.s, r); }, in);
+  for (int64_t i = 0; i < 8; ++i) {
+    EXPECT_EQ(o2.lse[i], -INFINITY);
+    for (int64_t x = 0; x < in.s.heads * in.s.head_dim; ++x) EXPECT_EQ(o2.o[i * in.s.o_stride + x], 0.f);
+  }
+}
+
+TEST(FocusAttention, MergeHandlesEmptyStates) {
+  const float inf = INFINITY;
+  std::vector<float> o = {1, 2, 3, 4, 5, 6}, lse = {-inf, 0.f, -inf};
+  const std::vector<float> o2 = {7, 8, 9, 10, 11, 12}, lse2 = {-inf, -inf, std::log(3.f)};
+  focus::merge_attention_states(o.data(), lse.data(), 2, o2.data(), lse2.data(), 2, 3, 1, 2);
+  EXPECT_EQ(o[0], 0.f);
+  EXPECT_EQ(o[1], 0.f);
+  EXPECT_EQ(lse[0], -inf);
+  EXPECT_FLOAT_EQ(o[2], 3.f);
+  EXPECT_FLOAT_EQ(o[3], 4.f);
+  EXPECT_FLOAT_EQ(lse[1], 0.f);
+  EXPECT_FLOAT_EQ(o[4], 11.f);
+  EXPECT_FLOAT_EQ(o[5], 12.f);
+  EXPECT_FLOAT_EQ(lse[2], std::log(3.f));
+}
+
+TEST(FocusAttention, RejectsBadShapes) {
+  Inputs in = make_inputs(10, 4, 3, 8, 4, 0, 1);
+  const std::vector<int32_t> ids(10, 0);
+  const Routing r{ids.data(), 1, 1};
+  std::vector<float> o(10 * 32);
+  EXPECT_THROW(focus::focus_attention_fused(in.q.data(), in.k.data(), in.v.data(), o.data(), nullptr, in.s, r),
+               focus::Error);  // 4 heads over 3 kv heads
+  in.s.kv_heads = 2;
+  in.s.window = 0;
+  EXPECT_THROW(focus::focus_attention_two_call(in.q.data(), in.k.data(), in.v.data(), o.data(), nullptr, in.s, r),
+               focus::Error);
+}

@@ -952,8 +952,8 @@ std::string hex_string(const std::string& s) {
 nlohmann::json reference_for(const std::string& model) {
   const std::string script = std::string(FOCUS_SOURCE_DIR) + "/scripts/gguf_reference.py";
   auto stamp = [](const std::string& p) {
-    return std::to_string(fs::file_size(p)) + "-" +
-           std::to_string(fs::last_write_time(p).time_since_epoch().count());
+    return std::to_string(fs::file_size(p)) + "_" +
+           std::to_string((uint64_t)fs::last_write_time(p).time_since_epoch().count());
   };
   const fs::path dir = fs::temp_directory_path() / "focus_gguf_reference";
   fs::create_directories(dir);

@@ -233,7 +233,9 @@ void check_kernel(const SoftAttnShape& s, bool with_p, uint32_t seed) {
   EXPECT_LT(rel_err(dq, rdq), 1e-4) << "dq";
   EXPECT_LT(rel_err(dk, rdk), 1e-4) << "dk";
   EXPECT_LT(rel_err(dv, rdv), 1e-4) << "dv";
-  if (with_p) EXPECT_LT(rel_err(dp, rdp), 1e-4) << "dp";
+  if (with_p) {
+    EXPECT_LT(rel_err(dp, rdp), 1e-4) << "dp";
+  }
 }
 
 }  // namespace

@@ -11,6 +11,7 @@
 #include "core/progress.h"
 #include "core/threads.h"
 #include "eval/perplexity.h"
+#include "focus/focus_model.h"
 #include "io/text.h"
 #include "io/tokenizer.h"
 #include "kernels/cpu/ops.h"
@@ -76,11 +77,61 @@ int cmd_info(const std::string& model, const std::string& tokenizer, bool as_jso
   return 0;
 }
 
+// Focus flags shared by the commands that run a model with routers.
+struct FocusFlags {
+  std::string dir;       // router folder, or "random"
+  std::string mode;      // soft | hard | off (default: the folder's, or soft)
+  int64_t window = -1, sinks = -1, groups = 16, dg = 16;
+  int topk = 0;
+  float tau = 0.1f;
+  uint64_t seed = 1;
+  void add(CLI::App* app) {
+    app->add_option("--focus", dir, "router folder (focus.json + router.safetensors), or 'random'");
+    app->add_option("--mode", mode, "Focus mode: soft (training form), hard (top-k sparse) or off");
+    app->add_option("--topk", topk, "hard mode: groups kept per token (1 or 2)");
+    app->add_option("--window", window, "Focus local window (default 64)");
+    app->add_option("--sinks", sinks, "sink tokens visible to all (default 1)");
+    app->add_option("--groups", groups, "groups G for a random router");
+    app->add_option("--dg", dg, "routing dimension d_g for a random router");
+    app->add_option("--tau", tau, "temperature for a random router");
+    app->add_option("--router-seed", seed, "seed for a random router");
+  }
+  // Routers as the flags say, or none.
+  std::unique_ptr<FocusRouters> make(const Model& m) const {
+    if (dir.empty()) {
+      FOCUS_CHECK(mode.empty() && topk == 0 && window < 0, "--mode/--topk/--window need --focus DIR (or --focus random)");
+      return nullptr;
+    }
+    std::unique_ptr<FocusRouters> f;
+    if (dir == "random") {
+      FocusSettings s;
+      s.groups = groups;
+      s.dg = dg;
+      s.tau = tau;
+      if (window >= 0) s.window = window;
+      if (sinks >= 0) s.sinks = sinks;
+      if (topk) s.topk = topk;
+      f = std::make_unique<FocusRouters>(focus_init(m.cfg, s, seed));
+    } else {
+      f = std::make_unique<FocusRouters>(load_focus(dir, m.cfg));
+      if (window >= 0) f->settings.window = window;
+      if (sinks >= 0) f->settings.sinks = sinks;
+      if (topk) f->settings.topk = topk;
+    }
+    if (!mode.empty()) f->settings.mode = parse_focus_mode(mode);
+    FOCUS_CHECK(f->settings.window >= 1, "--window must be >= 1");
+    FOCUS_CHECK(f->settings.topk >= 1 && f->settings.topk <= 2 && f->settings.topk <= f->settings.groups,
+                "--topk must be 1 or 2 (and at most the number of groups)");
+    return f;
+  }
+};
+
 int cmd_eval(const std::string& model, const std::string& tokenizer, const std::vector<std::string>& texts,
-             int64_t ctx, int64_t stride, int64_t max_tokens, bool no_bos, bool as_json) {
+             int64_t ctx, int64_t stride, int64_t max_tokens, bool no_bos, bool as_json, const FocusFlags& ff) {
   LoadOptions lo;
   lo.tokenizer = tokenizer;
   auto m = load_model(model, lo);
+  auto focus = ff.make(*m);
   std::vector<int32_t> ids;
   for (const auto& path : texts) {
     const std::string text = io::load_text(path);
@@ -94,8 +145,21 @@ int cmd_eval(const std::string& model, const std::string& tokenizer, const std::
   o.stride = stride;
   o.bos = !no_bos;
   o.progress = true;
+  o.focus = focus.get();
   install_interrupt_handler();
   PplResult r = perplexity(*m, ids, o);
+  std::string focus_desc = "off";
+  if (focus) {
+    const FocusSettings& s = focus->settings;
+    focus_desc = to_string(s.mode) + " (window " + std::to_string(s.window) + ", sinks " + std::to_string(s.sinks) +
+                 ", groups " + std::to_string(s.groups) + ", d_g " + std::to_string(s.dg) +
+                 (s.mode == FocusMode::Hard ? ", top-" + std::to_string(s.topk) : "") + ", " +
+                 std::to_string(focus->routers.size()) + " routers)";
+    std::printf("focus %s\n", focus_desc.c_str());
+    if (s.mode == FocusMode::Hard && r.focus.layers > 0)
+      std::printf("hard pattern: density %.4f of causal pairs, group load max/mean %.2f (worst layer)\n",
+                  r.focus.density(), r.focus.load_max_over_mean);
+  }
   const double tps = r.processed / std::max(r.seconds, 1e-9);
   std::printf("model %s | ctx %lld | tokens scored %lld in %lld windows | nll %.5f | ppl %.4f | %.1f tok/s%s\n",
               m->path.c_str(), (long long)ctx, (long long)r.tokens, (long long)r.windows, r.nll(), r.ppl(), tps,
@@ -104,7 +168,11 @@ int cmd_eval(const std::string& model, const std::string& tokenizer, const std::
     json j{{"model", m->path}, {"texts", texts},           {"ctx", ctx},           {"stride", o.stride ? o.stride : ctx},
            {"ppl", r.ppl()},   {"nll", r.nll()},           {"tokens", r.tokens},   {"windows", r.windows},
            {"tok_per_s", tps}, {"seconds", r.seconds},     {"threads", num_threads()},
-           {"interrupted", r.interrupted}};
+           {"interrupted", r.interrupted}, {"focus", focus_desc}};
+    if (focus && focus->settings.mode == FocusMode::Hard && r.focus.layers > 0) {
+      j["density"] = r.focus.density();
+      j["load_max_over_mean"] = r.focus.load_max_over_mean;
+    }
     std::cout << j.dump() << "\n";
   }
   return r.interrupted ? 130 : 0;
@@ -223,6 +291,8 @@ int main(int argc, char** argv) {
   ev->add_option("--max-tokens", max_tokens, "use only the first T text tokens");
   ev->add_flag("--no-bos", no_bos, "do not put BOS at the start of each window");
   ev->add_flag("--json", as_json, "last stdout line is a JSON object");
+  FocusFlags ff;
+  ff.add(ev);
 
   auto* gen = app.add_subcommand("generate", "generate text (greedy at --temp 0)");
   gen->add_option("--model", model, "MODEL")->required();
@@ -247,7 +317,7 @@ int main(int argc, char** argv) {
   try {
     set_threads(threads);
     if (*info) return cmd_info(model, tokenizer, as_json);
-    if (*ev) return cmd_eval(model, tokenizer, texts, ctx, stride, max_tokens, no_bos, as_json);
+    if (*ev) return cmd_eval(model, tokenizer, texts, ctx, stride, max_tokens, no_bos, as_json, ff);
     if (*gen) return cmd_generate(model, tokenizer, prompt, n, temp, seed, print_ids);
     if (*tk) return cmd_tokenize(model, tokenizer, prompt, bos);
     if (*prep) return cmd_prepare(tokenizer, out);

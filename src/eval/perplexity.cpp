@@ -46,7 +46,7 @@ PplResult perplexity(const Model& m, const std::vector<int32_t>& ids, const PplO
     win.insert(win.end(), ids.begin() + a, ids.begin() + b);
     const int64_t T = (int64_t)win.size();
     cache.clear();
-    forward(m, win.data(), T, cache, hidden.data());
+    forward(m, win.data(), T, cache, hidden.data(), o.focus, &r.focus);
     // Window row i predicts win[i + 1]; id index of win[i] is a + i - nb.
     const int64_t first_target = std::max(scored_to, nb ? a : a + 1);
     std::vector<double> row_nll;

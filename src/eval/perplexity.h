@@ -13,6 +13,7 @@ struct PplOptions {
   int64_t stride = 0;      // 0: ctx (minus the BOS slot) = non-overlapping windows
   bool bos = true;         // put the model's BOS at the start of every window (if it has one)
   bool progress = true;
+  const FocusRouters* focus = nullptr;  // Focus routers (soft or hard), or plain attention
 };
 
 struct PplResult {
@@ -22,6 +23,7 @@ struct PplResult {
   double seconds = 0;      // forward time
   int64_t processed = 0;   // tokens run through the model (incl. overlap and BOS)
   bool interrupted = false;
+  FocusStats focus;        // hard mode: pattern density and group balance
   double nll() const { return tokens ? nll_sum / tokens : 0; }
   double ppl() const;
 };

@@ -114,7 +114,8 @@ void router_forward(const RouterParams& rp, const float* x, int64_t n, RouterCac
     for (int64_t a = 0; a < dg; ++a) cache.c_hat[g * dg + a] = C[g * dg + a] / nrm;
   }
 
-#pragma omp parallel for schedule(static)
+  const bool par = n * D * dg > (1 << 18);  // threads only pay off on real sizes
+#pragma omp parallel for schedule(static) if (par)
   for (int64_t i = 0; i < n; ++i) {
     float* u = cache.r_hat.data() + i * dg;  // r_i, then normalised in place
     for (int64_t a = 0; a < dg; ++a) u[a] = dot(W + a * D, x + i * D, D);
@@ -153,7 +154,8 @@ void router_backward(const RouterParams& rp, const float* x, const RouterCache& 
 
   // dcos [N, G] = dL/ds / tau, with dL/ds = p * (dp - <p, dp>) + ds_in; dr [N, d_g].
   std::vector<float> dcos(n * G), dr(n * dg), dlt(n);  // dlt: per-row dL/dlog_tau, summed in order
-#pragma omp parallel for schedule(static)
+  const bool par = n * D * dg > (1 << 18);
+#pragma omp parallel for schedule(static) if (par)
   for (int64_t i = 0; i < n; ++i) {
     const float* p = cache.p.data() + i * G;
     const float* s = cache.s.data() + i * G;
@@ -189,18 +191,15 @@ void router_backward(const RouterParams& rp, const float* x, const RouterCache& 
     }
   }
   // dW [d_g, D] += sum_i dr_i x_i^T: each thread owns a slice of columns, sums over i in order.
-#pragma omp parallel
-  {
-#pragma omp for schedule(static)
-    for (int64_t blk = 0; blk < (D + 63) / 64; ++blk) {
-      const int64_t d0 = blk * 64, d1 = std::min<int64_t>(D, d0 + 64);
-      for (int64_t i = 0; i < n; ++i) {
-        const float* xi = x + i * D;
-        for (int64_t a = 0; a < dg; ++a) {
-          const float c = dr[i * dg + a];
-          float* w = dW + a * D;
-          for (int64_t d = d0; d < d1; ++d) w[d] += c * xi[d];
-        }
+#pragma omp parallel for schedule(static) if (par)
+  for (int64_t blk = 0; blk < (D + 63) / 64; ++blk) {
+    const int64_t d0 = blk * 64, d1 = std::min<int64_t>(D, d0 + 64);
+    for (int64_t i = 0; i < n; ++i) {
+      const float* xi = x + i * D;
+      for (int64_t a = 0; a < dg; ++a) {
+        const float c = dr[i * dg + a];
+        float* w = dW + a * D;
+        for (int64_t d = d0; d < d1; ++d) w[d] += c * xi[d];
       }
     }
   }
@@ -230,7 +229,6 @@ void router_topk(const float* logits, const float* bias, int64_t n, int64_t g, i
   FOCUS_CHECK(k >= 1 && k <= g, "router_topk: k must be in [1, G=", g, "], got ", k);
   FOCUS_CHECK(n >= 0, "router_topk: negative token count ", n);
   FOCUS_CHECK(n == 0 || (logits && groups), "router_topk: null buffer");
-#pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < n; ++i) {
     const float* s = logits + i * g;
     int32_t* out = groups + i * k;

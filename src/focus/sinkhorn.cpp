@@ -79,8 +79,18 @@ void sinkhorn_forward(const float* logits, int64_t n, int64_t g, float scale, in
     for (int64_t c = 0; c < g; ++c) v[c] = log_col - (cmax[c] + (float)std::log(csum[c]));
     fit_rows();
   }
-  for (int64_t i = 0; i < n; ++i)
-    for (int64_t c = 0; c < g; ++c) q[i * g + c] = std::exp(lk[i * g + c] + u[i] + v[c]);
+  // The last row fit, written as a softmax of lk_i + v so that rows sum to 1 to fp32 rounding
+  // even when lk and v are large and cancel.
+  for (int64_t i = 0; i < n; ++i) {
+    const float* r = lk.data() + i * g;
+    float* out = q + i * g;
+    float mx = kNegInf;
+    for (int64_t c = 0; c < g; ++c) mx = std::max(mx, r[c] + v[c]);
+    double sum = 0.0;
+    for (int64_t c = 0; c < g; ++c) sum += out[c] = std::exp(r[c] + v[c] - mx);
+    const float inv = (float)(1.0 / sum);
+    for (int64_t c = 0; c < g; ++c) out[c] *= inv;
+  }
 }
 
 float swav_loss_forward(const float* s, const float* bias, const float* q, int64_t n, int64_t g) {

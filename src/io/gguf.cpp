@@ -150,7 +150,7 @@ GGUFValue read_value(Reader& r, const std::string& path, uint32_t t, const std::
     r.check_count(n, min_size, "array count", where);
     if (et == STRING) {
       std::vector<std::string> v;
-      v.reserve((size_t)n);
+      v.reserve((size_t)std::min<uint64_t>(n, 1u << 20));  // n is bounded by the file, but may be garbage
       for (uint64_t i = 0; i < n; ++i) v.push_back(r.str("array string", where));
       return v;
     }
@@ -260,7 +260,7 @@ GGUFFile::GGUFFile(const std::string& path) : file_(path) {
   }
 
   // ---- tensor infos
-  tensors_.reserve((size_t)n_tensors);
+  tensors_.reserve((size_t)std::min<uint64_t>(n_tensors, 1u << 16));
   for (uint64_t i = 0; i < n_tensors; ++i) {
     GGUFTensor t;
     t.name = r.str("name", "tensor info " + std::to_string(i));

@@ -1,12 +1,10 @@
 #include "io/safetensors.h"
 
 #include <algorithm>
-#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <limits>
 #include <map>
-#include <numeric>
 
 #include "core/error.h"
 
@@ -59,6 +57,12 @@ uint64_t read_le64(const uint8_t* p) {
 }
 
 uint16_t read_le16(const uint8_t* p) { return static_cast<uint16_t>(p[0] | (p[1] << 8)); }
+
+std::string shape_str(const std::vector<int64_t>& shape) {
+  std::string s = "[";
+  for (size_t i = 0; i < shape.size(); ++i) s += (i ? "," : "") + std::to_string(shape[i]);
+  return s + "]";
+}
 
 // A JSON value as a non-negative int64, or fail naming what it is.
 int64_t nonneg_int(const std::string& path, const std::string& what, const json& v) {
@@ -163,13 +167,8 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : file_(path) {
       fail(path, ": ", where, ": data_offsets [", begin, ", ", end, "] past the end of the data section (",
            data_size, " bytes)");
     if (end - begin != expect)
-      fail(path, ": ", where, ": data_offsets span ", end - begin, " bytes but dtype ", t.dtype, " and shape [",
-           [&] {
-             std::string s;
-             for (size_t i = 0; i < t.shape.size(); ++i) s += (i ? "," : "") + std::to_string(t.shape[i]);
-             return s;
-           }(),
-           "] need ", expect);
+      fail(path, ": ", where, ": data_offsets span ", end - begin, " bytes but dtype ", t.dtype, " and shape ",
+           shape_str(t.shape), " need ", expect);
     t.data = data + begin;
     t.nbytes = static_cast<size_t>(expect);
     ranges.push_back({begin, end, tensors_.size()});

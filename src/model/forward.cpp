@@ -3,6 +3,11 @@
 #include <vector>
 
 #include "core/error.h"
+#include "focus/group_layout.h"
+#include "focus/router.h"
+#include "focus/sinkhorn.h"
+#include "focus/soft_attention.h"
+#include "focus/sparse_attention.h"
 #include "kernels/cpu/attention.h"
 #include "kernels/cpu/ops.h"
 #include "model/model.h"
@@ -26,9 +31,55 @@ void norm(const ModelConfig& c, const float* x, const float* w, const float* b, 
     cpu::layernorm(x, w, b, out, rows, c.dim, c.norm_eps);
 }
 
+// Focus attention of one layer over positions 0 .. T-1: route xn, then the soft (biased) or the
+// hard (sparse) kernel.
+void focus_attention_layer(const ModelConfig& c, const FocusRouters& F, const RouterParams& rp, const float* xn,
+                           const float* q, const float* k, const float* v, float* att, int64_t T, FocusStats* stats) {
+  const FocusSettings& fs = F.settings;
+  RouterCache rc;
+  router_forward(rp, xn, T, rc);
+  if (fs.mode == FocusMode::Soft) {
+    SoftAttnShape s;
+    s.n = T;
+    s.heads = c.heads;
+    s.kv_heads = c.kv_heads;
+    s.head_dim = c.head_dim;
+    s.groups = fs.groups;
+    s.window = fs.window;
+    s.sinks = fs.sinks;
+    s.scale = c.attn_scale;
+    s.eps = fs.eps;
+    soft_attention_forward(q, k, v, rc.p.data(), att, nullptr, s);
+    return;
+  }
+  std::vector<int32_t> groups(T * fs.topk);
+  router_topk(rc.s.data(), rp.bias.data(), T, fs.groups, fs.topk, groups.data());
+  const Routing routing{groups.data(), fs.groups, fs.topk};
+  FocusAttnShape s;
+  s.n = T;
+  s.heads = c.heads;
+  s.kv_heads = c.kv_heads;
+  s.head_dim = c.head_dim;
+  s.q_stride = c.q_dim();
+  s.kv_stride = c.kv_dim();
+  s.o_stride = c.q_dim();
+  s.scale = c.attn_scale;
+  s.window = fs.window;
+  s.sinks = fs.sinks;
+  focus_attention_fused(q, k, v, att, nullptr, s, routing);
+  if (stats) {
+    stats->computed_pairs += (double)focus_pair_count(routing, T, fs.window, fs.sinks);
+    stats->causal_pairs += 0.5 * (double)T * (double)(T + 1);
+    const GroupLoadStats g = group_load_stats(groups.data(), T, fs.topk, fs.groups);
+    stats->load_max_over_mean = std::max(stats->load_max_over_mean, g.max_over_mean);
+    stats->layers++;
+  }
+}
+
 }  // namespace
 
-void forward(const Model& m, const int32_t* ids, int64_t T, KVCache& cache, float* hidden) {
+void forward(const Model& m, const int32_t* ids, int64_t T, KVCache& cache, float* hidden, const FocusRouters* focus,
+             FocusStats* stats) {
   const ModelConfig& c = m.cfg;
   const int64_t D = c.dim, pos0 = cache.len;
   FOCUS_CHECK(T > 0, "forward: empty input");
@@ -73,9 +124,17 @@ void forward(const Model& m, const int32_t* ids, int64_t T, KVCache& cache, floa
       cpu::rope(q.data(), T, c.heads, c.head_dim, c.rope_dim, pos0, theta, c.rope_style);
       cpu::rope(kc, T, c.kv_heads, c.head_dim, c.rope_dim, pos0, theta, c.rope_style);
     }
-    cpu::AttnShape s{T, pos0 + T, pos0, c.heads, c.kv_heads, c.head_dim, c.q_dim(), c.kv_dim(), c.q_dim(),
-                     c.attn_scale, window};
-    cpu::flash_attention(q.data(), cache.k[l].data(), cache.v[l].data(), att.data(), nullptr, s);
+    const int64_t ri = (focus && focus->settings.mode != FocusMode::Off) ? focus->router_of_layer[l] : -1;
+    if (ri >= 0 && window == 0 && pos0 + T > focus->settings.window) {
+      FOCUS_CHECK(pos0 == 0, "Focus attention over a filled KV cache (incremental decoding) is not supported yet; "
+                             "run the whole context in one call");
+      focus_attention_layer(c, *focus, focus->routers[ri], xn.data(), q.data(), cache.k[l].data(),
+                            cache.v[l].data(), att.data(), T, stats);
+    } else {
+      cpu::AttnShape s{T, pos0 + T, pos0, c.heads, c.kv_heads, c.head_dim, c.q_dim(), c.kv_dim(), c.q_dim(),
+                       c.attn_scale, window};
+      cpu::flash_attention(q.data(), cache.k[l].data(), cache.v[l].data(), att.data(), nullptr, s);
+    }
     cpu::linear(att.data(), L.wo, L.bo, tmp.data(), T, c.q_dim(), D);
     if (c.post_norms) cpu::rmsnorm(tmp.data(), L.post_attn_norm, tmp.data(), T, D, c.norm_eps);
     cpu::add_inplace(x, tmp.data(), T * D);

@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "focus/focus_model.h"
 #include "io/tokenizer.h"
 #include "model/config.h"
 #include "model/weights.h"
@@ -40,7 +41,11 @@ struct KVCache {
 
 // Runs tokens ids[0..T) at positions cache.len .. cache.len+T-1, appends their keys/values to
 // the cache, and writes the final-normed hidden states to hidden[T, dim].
-void forward(const Model& m, const int32_t* ids, int64_t T, KVCache& cache, float* hidden);
+// With `focus` (mode soft or hard), every layer that has a router uses Focus attention once the
+// context is longer than the Focus window; otherwise the plain kernel runs, so the logits equal
+// the frozen model's bit for bit. `stats` (optional) accumulates the hard pattern's density.
+void forward(const Model& m, const int32_t* ids, int64_t T, KVCache& cache, float* hidden,
+             const FocusRouters* focus = nullptr, FocusStats* stats = nullptr);
 
 // logits[r, :] = hidden[r, :] . lm_head^T for r in [0, rows).
 void compute_logits(const Model& m, const float* hidden, int64_t rows, float* logits);

@@ -1,0 +1,170 @@
+#include "focus/focus_model.h"
+
+#include <cmath>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+#include "core/mapped_file.h"
+#include "io/safetensors.h"
+#include "io/safetensors_writer.h"
+
+namespace fs = std::filesystem;
+
+namespace focus {
+
+FocusMode parse_focus_mode(const std::string& s) {
+  if (s == "off") return FocusMode::Off;
+  if (s == "soft") return FocusMode::Soft;
+  if (s == "hard") return FocusMode::Hard;
+  fail("unknown Focus mode '", s, "' (expected soft, hard or off)");
+}
+
+std::string to_string(FocusMode m) {
+  switch (m) {
+    case FocusMode::Off: return "off";
+    case FocusMode::Soft: return "soft";
+    case FocusMode::Hard: return "hard";
+  }
+  return "?";
+}
+
+int64_t FocusRouters::n_params() const {
+  int64_t n = 0;
+  for (const auto& r : routers) n += r.size();
+  return n;
+}
+
+namespace {
+void check_settings(const FocusSettings& s, const ModelConfig& c, const std::string& where) {
+  FOCUS_CHECK(s.window >= 1, where, ": Focus window must be >= 1 (got ", s.window, ")");
+  FOCUS_CHECK(s.sinks >= 0, where, ": sinks must be >= 0");
+  FOCUS_CHECK(s.groups >= 1 && s.groups <= 4096, where, ": groups must be in [1, 4096] (got ", s.groups, ")");
+  FOCUS_CHECK(s.dg >= 1 && s.dg <= c.dim, where, ": d_g must be in [1, ", c.dim, "] (got ", s.dg, ")");
+  FOCUS_CHECK(s.topk == 1 || s.topk == 2, where, ": top-k must be 1 or 2 (got ", s.topk, ")");
+  FOCUS_CHECK(s.topk <= s.groups, where, ": top-k exceeds the number of groups");
+  FOCUS_CHECK(s.tau > 0 && std::isfinite(s.tau), where, ": temperature must be positive");
+}
+}  // namespace
+
+FocusRouters focus_init(const ModelConfig& c, const FocusSettings& s, uint64_t seed) {
+  check_settings(s, c, "focus");
+  FocusRouters f;
+  f.settings = s;
+  f.router_of_layer.assign(c.layers, -1);
+  for (int64_t l = 0; l < c.layers; ++l) {
+    if (c.layer_window[l] > 0) continue;  // a sliding-window layer is already local
+    RouterConfig rc;
+    rc.dim = c.dim;
+    rc.d_g = s.dg;
+    rc.groups = s.groups;
+    rc.tau = s.tau;
+    f.router_of_layer[l] = (int64_t)f.routers.size();
+    f.routers.push_back(router_init(rc, seed * 1000003ull + (uint64_t)l));
+  }
+  return f;
+}
+
+void save_focus(const FocusRouters& f, const std::string& dir, const ModelConfig& c, const std::string& model_path) {
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  FOCUS_CHECK(!ec, dir, ": cannot create folder: ", ec.message());
+  std::map<std::string, io::F32Tensor> t;
+  nlohmann::json layers = nlohmann::json::array();
+  for (int64_t l = 0; l < c.layers; ++l) {
+    const int64_t ri = f.router_of_layer[l];
+    if (ri < 0) continue;
+    const RouterParams& r = f.routers[ri];
+    const std::string p = "layers." + std::to_string(l) + ".";
+    const int64_t dg = r.cfg.d_g, D = r.cfg.dim, G = r.cfg.groups;
+    t[p + "w_r"] = {{dg, D}, std::vector<float>(r.w_r(), r.w_r() + dg * D)};
+    t[p + "centroids"] = {{G, dg}, std::vector<float>(r.centroids(), r.centroids() + G * dg)};
+    t[p + "bias"] = {{G}, r.bias};
+    t[p + "log_tau"] = {{1}, {std::log(r.tau())}};
+    layers.push_back(l);
+  }
+  io::save_safetensors((fs::path(dir) / "router.safetensors").string(), t, {{"format", "focus-router"}});
+  const FocusSettings& s = f.settings;
+  nlohmann::json j = {{"format", "focus-router"},
+                      {"version", 1},
+                      {"model", model_path},
+                      {"model_dim", c.dim},
+                      {"model_layers", c.layers},
+                      {"window", s.window},
+                      {"sinks", s.sinks},
+                      {"groups", s.groups},
+                      {"dg", s.dg},
+                      {"topk", s.topk},
+                      {"tau", s.tau},
+                      {"learn_tau", !f.routers.empty() && f.routers[0].cfg.learn_tau},
+                      {"eps", s.eps},
+                      {"mode", to_string(s.mode)},
+                      {"layers", layers}};
+  io::write_file_atomic((fs::path(dir) / "focus.json").string(), j.dump(2) + "\n");
+}
+
+FocusRouters load_focus(const std::string& dir, const ModelConfig& c) {
+  const std::string jp = (fs::path(dir) / "focus.json").string();
+  const std::string sp = (fs::path(dir) / "router.safetensors").string();
+  FOCUS_CHECK(fs::is_directory(dir), dir, ": not a router folder (expected focus.json and router.safetensors)");
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(read_file(jp));
+  } catch (const nlohmann::json::exception& e) {
+    fail(jp, ": invalid JSON: ", e.what());
+  }
+  FOCUS_CHECK(j.value("format", "") == "focus-router", jp, ": not a focus router config");
+  FocusSettings s;
+  try {
+    s.window = j.at("window").get<int64_t>();
+    s.sinks = j.at("sinks").get<int64_t>();
+    s.groups = j.at("groups").get<int64_t>();
+    s.dg = j.at("dg").get<int64_t>();
+    s.topk = j.value("topk", 1);
+    s.tau = j.value("tau", 0.1f);
+    s.eps = j.value("eps", 1e-6f);
+    s.mode = parse_focus_mode(j.value("mode", std::string("soft")));
+    FOCUS_CHECK(j.at("model_dim").get<int64_t>() == c.dim && j.at("model_layers").get<int64_t>() == c.layers, jp,
+                ": routers were made for a model with dim ", j.at("model_dim"), " and ", j.at("model_layers"),
+                " layers; this model has dim ", c.dim, " and ", c.layers, " layers");
+  } catch (const nlohmann::json::exception& e) {
+    fail(jp, ": missing or malformed field: ", e.what());
+  }
+  check_settings(s, c, jp);
+  const bool learn_tau = j.value("learn_tau", false);
+  io::SafetensorsFile st(sp);
+  FocusRouters f;
+  f.settings = s;
+  f.router_of_layer.assign(c.layers, -1);
+  for (const auto& lv : j.at("layers")) {
+    const int64_t l = lv.get<int64_t>();
+    FOCUS_CHECK(l >= 0 && l < c.layers, jp, ": layer ", l, " out of range");
+    const std::string p = "layers." + std::to_string(l) + ".";
+    RouterConfig rc;
+    rc.dim = c.dim;
+    rc.d_g = s.dg;
+    rc.groups = s.groups;
+    rc.tau = s.tau;
+    rc.learn_tau = learn_tau;
+    RouterParams r = router_init(rc, 0);
+    auto take = [&](const std::string& name, std::vector<int64_t> shape) {
+      const io::STTensor& t = st.tensor(p + name);
+      FOCUS_CHECK(t.shape == shape, sp, ": tensor '", p + name, "' has the wrong shape for this config");
+      std::vector<float> v = st.to_float(t);
+      for (float x : v) FOCUS_CHECK(std::isfinite(x), sp, ": tensor '", p + name, "' holds NaN or Inf");
+      return v;
+    };
+    auto wr = take("w_r", {s.dg, c.dim});
+    auto cc = take("centroids", {s.groups, s.dg});
+    std::copy(wr.begin(), wr.end(), r.w_r());
+    std::copy(cc.begin(), cc.end(), r.centroids());
+    r.bias = take("bias", {s.groups});
+    auto lt = take("log_tau", {1});
+    if (learn_tau) r.params[r.log_tau_offset()] = lt[0];
+    f.router_of_layer[l] = (int64_t)f.routers.size();
+    f.routers.push_back(std::move(r));
+  }
+  return f;
+}
+
+}  // namespace focus

@@ -1,0 +1,53 @@
+// Focus on a whole model: one router per attention layer that sees the full context, the
+// settings that shape the pattern, and how they are saved (safetensors + focus.json) and loaded.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "focus/router.h"
+#include "model/config.h"
+
+namespace focus {
+
+enum class FocusMode { Off, Soft, Hard };
+FocusMode parse_focus_mode(const std::string& s);  // "off" | "soft" | "hard"
+std::string to_string(FocusMode m);
+
+struct FocusSettings {
+  FocusMode mode = FocusMode::Soft;
+  int64_t window = 64;     // local window w: pairs with i - j < w always attend
+  int64_t sinks = 1;       // the first S positions are visible to every token
+  int64_t groups = 16;     // G
+  int64_t dg = 16;         // routing dimension d_g
+  int topk = 1;            // hard mode: groups kept per token
+  float tau = 0.1f;        // router temperature
+  float eps = 1e-6f;       // soft mode: bias = log(sum_g p_ig p_jg + eps)
+};
+
+struct FocusRouters {
+  FocusSettings settings;
+  std::vector<int64_t> router_of_layer;  // per model layer: index into routers, or -1 (no Focus)
+  std::vector<RouterParams> routers;
+  int64_t n_params() const;
+};
+
+// Routers for every global attention layer (sliding-window layers are already local), seeded.
+FocusRouters focus_init(const ModelConfig& c, const FocusSettings& s, uint64_t seed);
+
+// DIR/router.safetensors (layers.L.w_r [d_g, D], layers.L.centroids [G, d_g], layers.L.bias [G],
+// layers.L.log_tau [1]) and DIR/focus.json (settings, model shape). Writes are atomic.
+void save_focus(const FocusRouters& f, const std::string& dir, const ModelConfig& c, const std::string& model_path);
+// Loads and checks against the model (dimensions, layer count); errors name the file.
+FocusRouters load_focus(const std::string& dir, const ModelConfig& c);
+
+// Per-run statistics of the hard pattern (filled by the forward pass when asked).
+struct FocusStats {
+  double computed_pairs = 0;  // visible (query, key) pairs summed over Focus layers
+  double causal_pairs = 0;    // causal pairs over the same layers
+  double load_max_over_mean = 0;  // worst layer's largest group / mean group size
+  int64_t layers = 0;
+  double density() const { return causal_pairs > 0 ? computed_pairs / causal_pairs : 1.0; }
+};
+
+}  // namespace focus

@@ -15,6 +15,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <optional>
 #include <cstdio>
 #include <algorithm>
 #include <functional>
@@ -86,7 +87,7 @@ struct Builder {
     std::vector<uint64_t> ne;
     uint32_t type;
     std::string data;
-    int64_t offset = -1;  // -1: automatic
+    std::optional<uint64_t> offset;  // automatic when absent
   };
   std::vector<Tensor> tensors;
 
@@ -117,12 +118,12 @@ struct Builder {
     return kv_raw(key, V_ARRAY, w.b);
   }
   Builder& tensor(const std::string& name, std::vector<uint64_t> ne, uint32_t type, std::string data,
-                  int64_t offset = -1) {
+                  std::optional<uint64_t> offset = std::nullopt) {
     tensors.push_back({name, std::move(ne), type, std::move(data), offset});
     return *this;
   }
   Builder& tensor(const std::string& name, std::vector<uint64_t> ne, GGMLType type, std::string data,
-                  int64_t offset = -1) {
+                  std::optional<uint64_t> offset = std::nullopt) {
     return tensor(name, std::move(ne), static_cast<uint32_t>(type), std::move(data), offset);
   }
 
@@ -135,7 +136,7 @@ struct Builder {
     std::vector<uint64_t> offs;
     uint64_t off = 0;
     for (const Tensor& t : tensors) {
-      const uint64_t o = t.offset >= 0 ? (uint64_t)t.offset : off;
+      const uint64_t o = t.offset.value_or(off);
       offs.push_back(o);
       off = align(o + t.data.size());
       w.str(t.name).put<uint32_t>((uint32_t)t.ne.size());
@@ -146,6 +147,7 @@ struct Builder {
     const size_t data_start = align(w.b.size());
     w.b.resize(data_start, '\0');
     for (size_t i = 0; i < tensors.size(); ++i) {
+      if (offs[i] > (1u << 30)) continue;  // deliberately bogus offset: no data written
       if (w.b.size() < data_start + offs[i]) w.b.resize(data_start + offs[i], '\0');
       w.b.replace(data_start + offs[i], tensors[i].data.size(), tensors[i].data);
     }
@@ -869,8 +871,12 @@ TEST(GgufMalformed, TensorDataPastEndOfFile) {
   b.resize(b.size() - 100);
   expect_gguf_error("past_end.gguf", b, {"tensor 'blk.0.attn_q.weight' data [offset ", ", 16384 bytes] runs past end of file (size "});
   Builder g2;  // huge offset: start + offset overflows
-  g2.tensor("far", {8}, GGMLType::F32, "", (int64_t)(~0ull - 31));
-  expect_gguf_error("far.gguf", g2.build(), {"tensor 'far'", "runs past end of file"});
+  g2.tensor("far", {8}, GGMLType::F32, "", ~0ull - 31);
+  expect_gguf_error("far.gguf", g2.build(), {"tensor 'far' data [offset 64 + 18446744073709551584, 32 bytes]", "runs past end of file"});
+  Builder g3;  // offset inside the file, data running past its end
+  g3.tensor("a", {8}, GGMLType::F32, std::string(32, '\0'));
+  g3.tensor("b", {16}, GGMLType::F32, "", 32);
+  expect_gguf_error("overrun.gguf", g3.build(), {"tensor 'b' data [offset 128, 64 bytes] runs past end of file (size 128)"});
 }
 
 TEST(GgufMalformed, MisalignedOffset) {

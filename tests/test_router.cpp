@@ -485,16 +485,16 @@ TEST(CapacityRouting, IsCausal) {
   const VF base = randn(n * G, 101);
   for (int k : {1, 2}) {
     std::vector<int32_t> a(n * k), b(n * k);
-    focus::capacity_route_causal(base.data(), n, G, k, 0.1f, a.data());
+    focus::capacity_route_causal(base.data(), nullptr, n, G, k, 0.1f, a.data());
     for (int64_t i : {0, 10, 150, 298}) {
       VF s = base;
       const VF noise = randn((n - i - 1) * G, 102 + i, 5.f);
       for (int64_t e = 0; e < (n - i - 1) * G; ++e) s[(i + 1) * G + e] = noise[e];
-      focus::capacity_route_causal(s.data(), n, G, k, 0.1f, b.data());
+      focus::capacity_route_causal(s.data(), nullptr, n, G, k, 0.1f, b.data());
       for (int64_t t = 0; t < (i + 1) * k; ++t) ASSERT_EQ(a[t], b[t]) << "k " << k << " prefix " << i;
     }
     // A prefix routed alone gives the same rows.
-    focus::capacity_route_causal(base.data(), 100, G, k, 0.1f, b.data());
+    focus::capacity_route_causal(base.data(), nullptr, 100, G, k, 0.1f, b.data());
     for (int64_t t = 0; t < 100 * k; ++t) ASSERT_EQ(a[t], b[t]);
   }
 }
@@ -507,7 +507,7 @@ TEST(CapacityRouting, BoundsGroupSizes) {
         VF s = randn(n * G, 111);
         for (int64_t i = 0; i < n; ++i) s[i * G + 1] += 10.f;  // everyone wants group 1
         std::vector<int32_t> out(n * k);
-        focus::capacity_route_causal(s.data(), n, G, k, slack, out.data());
+        focus::capacity_route_causal(s.data(), nullptr, n, G, k, slack, out.data());
         for (int64_t i = 0; i < n; ++i)
           for (int t = 1; t < k; ++t) ASSERT_LT(out[i * k + t - 1], out[i * k + t]) << "ascending and distinct";
         const auto st = focus::group_load_stats(out.data(), n, k, G);
@@ -519,11 +519,11 @@ TEST(CapacityRouting, BoundsGroupSizes) {
 
 TEST(CapacityRouting, LargeSlackIsPlainTopK) {
   const int64_t n = 100, G = 8;
-  const VF s = randn(n * G, 121);
+  const VF s = randn(n * G, 121), bias = randn(G, 122);
   for (int k : {1, 2}) {
     std::vector<int32_t> a(n * k), b(n * k);
-    focus::capacity_route_causal(s.data(), n, G, k, 1e9f, a.data());
-    focus::router_topk(s.data(), nullptr, n, G, k, b.data());
+    focus::capacity_route_causal(s.data(), bias.data(), n, G, k, 1e9f, a.data());
+    focus::router_topk(s.data(), bias.data(), n, G, k, b.data());
     EXPECT_EQ(a, b);
   }
 }
@@ -555,5 +555,5 @@ TEST(GroupLoadStats, CountsAndRejectsBadIds) {
   EXPECT_DOUBLE_EQ(st.max_over_mean, 2.0);
   const int32_t bad[2] = {0, 4};
   EXPECT_THROW(focus::group_load_stats(bad, 2, 1, 4), focus::Error);
-  EXPECT_THROW(focus::capacity_route_causal(nullptr, 1, 2, 3, 0.f, nullptr), focus::Error);
+  EXPECT_THROW(focus::capacity_route_causal(nullptr, nullptr, 1, 2, 3, 0.f, nullptr), focus::Error);
 }

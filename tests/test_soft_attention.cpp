@@ -341,6 +341,11 @@ TEST(SoftAttentionKernel, RejectsBadShapes) {
   s = shape(2, 2, 1, 8, 4, -1, 0);
   EXPECT_THROW(focus::soft_attention_forward(x.data(), x.data(), x.data(), nullptr, o.data(), nullptr, s),
                focus::Error);
+  s = shape(2, 2, 1, 8, 4, 1, 0);
+  VF bad_p(8, 0.25f);
+  bad_p[5] = -0.1f;  // probabilities must be non-negative
+  EXPECT_THROW(focus::soft_attention_forward(x.data(), x.data(), x.data(), bad_p.data(), o.data(), nullptr, s),
+               focus::Error);
 }
 
 TEST(SoftAttentionKernel, Throughput) {

@@ -171,18 +171,20 @@ void BiasBalancer::update(float* bias) const {
   for (int64_t c = 0; c < num_groups; ++c) bias[c] -= (float)bmean;
 }
 
-void capacity_route_causal(const float* logits, int64_t n, int64_t g, int k, float slack, int32_t* groups) {
+void capacity_route_causal(const float* logits, const float* bias, int64_t n, int64_t g, int k, float slack,
+                           int32_t* groups) {
   check_nk("capacity_route_causal", n, g);
   FOCUS_CHECK(k >= 1 && k <= g, "capacity_route_causal: k must be in [1, G=", g, "], got ", k);
   FOCUS_CHECK(slack >= 0.f, "capacity_route_causal: slack must be >= 0, got ", slack);
   std::vector<int64_t> count(g, 0);
   std::vector<uint8_t> allowed(g);
-  std::vector<float> neg_load(g);
+  std::vector<float> neg_load(g), row(g);
   for (int64_t i = 0; i < n; ++i) {
+    for (int64_t c = 0; c < g; ++c) row[c] = logits[i * g + c] + (bias ? bias[c] : 0.f);
     const double cap = (double)k * (double)i / (double)g * (1.0 + slack) + 1.0;
     for (int64_t c = 0; c < g; ++c) allowed[c] = (double)count[c] < cap;
     int32_t* out = groups + i * k;
-    int got = best_k(logits + i * g, allowed.data(), g, k, out);
+    int got = best_k(row.data(), allowed.data(), g, k, out);
     if (got < k) {
       // Fill from the least-loaded remaining groups (ties: better logit, then lower index).
       for (int64_t c = 0; c < g; ++c) allowed[c] = std::find(out, out + got, (int32_t)c) == out + got;
@@ -192,7 +194,7 @@ void capacity_route_causal(const float* logits, int64_t n, int64_t g, int k, flo
         for (int64_t c = 0; c < g; ++c) {
           if (!allowed[c]) continue;
           if (best < 0 || neg_load[c] > neg_load[best] ||
-              (neg_load[c] == neg_load[best] && logits[i * g + c] > logits[i * g + best]))
+              (neg_load[c] == neg_load[best] && row[c] > row[best]))
             best = (int)c;
         }
         allowed[best] = false;

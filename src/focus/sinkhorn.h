@@ -47,15 +47,16 @@ struct BiasBalancer {
   void update(float* bias) const;                             // bias [G]
 };
 
-// Causal capacity routing for hard mode. Token i takes its k best groups (by logits_i, e.g. s_i + b)
-// among the admissible ones, those whose membership count over tokens 0..i-1 is below
+// Causal capacity routing for hard mode. Token i takes its k best groups (by logits_i + bias; bias
+// [G] may be null) among the admissible ones, those whose membership count over tokens 0..i-1 is below
 //   cap_i = k * i / G * (1 + slack) + 1
 // (the "+1" is one token of integer headroom so that token 0 has somewhere to go). If fewer than k
 // groups are admissible (possible for k = 2 when slack < 1 / (G - 1)), the rest come from the
 // least-loaded groups. Output: groups [N, k], each row ascending. Depends only on the prefix:
 // row i is a function of logits rows 0..i. Every group ends with fewer than
 //   k * (N - 1) / G * max(1 + slack, G / (G - 1)) + 2 members (the G / (G - 1) term only for k = 2).
-void capacity_route_causal(const float* logits, int64_t n, int64_t g, int k, float slack, int32_t* groups);
+void capacity_route_causal(const float* logits, const float* bias, int64_t n, int64_t g, int k, float slack,
+                           int32_t* groups);
 
 // NON-CAUSAL, for analysis only: Sinkhorn over the whole sequence, then each token's top-k groups
 // of log q. Row i depends on every token of the sequence, future ones included.

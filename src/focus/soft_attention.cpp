@@ -180,6 +180,8 @@ void pack_p(const float* p, const Dims& d, float* pp, float* pt) {
   std::fill(pt, pt + d.nb * d.G * kB, 0.f);
   for (int64_t i = 0; i < d.n; ++i)
     for (int64_t g = 0; g < d.G; ++g) {
+      FOCUS_CHECK(p[i * d.G + g] >= 0.f && p[i * d.G + g] <= 3.4e38f, "soft attention: router probability p[", i,
+                  ", ", g, "] = ", p[i * d.G + g], " is negative or not finite");
       pp[i * d.Gp + g] = p[i * d.G + g];
       pt[((i / kB) * d.G + g) * kB + i % kB] = p[i * d.G + g];
     }
@@ -245,7 +247,8 @@ void check_shape(const char* who, const SoftAttnShape& s, bool has_p) {
   FOCUS_CHECK(std::isfinite(s.scale), who, ": scale must be finite");
   if (has_p) {
     FOCUS_CHECK(s.groups >= 1, who, ": groups must be >= 1 when p is given, got ", s.groups);
-    FOCUS_CHECK(s.eps > 0.f && std::isfinite(s.eps), who, ": eps must be positive, got ", s.eps);
+    FOCUS_CHECK(s.eps >= std::numeric_limits<float>::min() && std::isfinite(s.eps), who,
+                ": eps must be a positive normal float, got ", s.eps);
   }
 }
 
@@ -441,7 +444,8 @@ void soft_attention_backward(const float* q, const float* k, const float* v, con
           const TileInfo info = classify(s, has_p, t0, nr, j0, cols);
           const bool grad_bias = want_dp && info.biased;
           if (info.add())
-            build_tile(s, d, pp.data(), pt.data(), t0, nr, j0, cols, info, add.data(), grad_bias ? inv.data() : nullptr);
+            build_tile(s, d, pp.data(), pt.data(), t0, nr, j0, cols, info, add.data(),
+                       grad_bias ? inv.data() : nullptr);
           if (grad_bias) std::fill(db.begin(), db.begin() + nr * kB, 0.f);
           for (int64_t kvh = 0; kvh < d.KVH; ++kvh) {
             const int R = (int)(d.gs * nr);

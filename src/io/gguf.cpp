@@ -96,24 +96,19 @@ class Reader {
 std::string quoted_key(const std::string& key) { return "key '" + key + "'"; }
 
 // One scalar of type t (known to be a scalar type), as the variant alternative it widens to.
-template <typename T>
-T read_le(Reader& r, const std::string& where) {
-  return r.get<T>("value", where);
-}
-
 GGUFValue read_scalar(Reader& r, uint32_t t, const std::string& where) {
   switch (t) {
-    case UINT8: return (uint64_t)read_le<uint8_t>(r, where);
-    case INT8: return (int64_t)read_le<int8_t>(r, where);
-    case UINT16: return (uint64_t)read_le<uint16_t>(r, where);
-    case INT16: return (int64_t)read_le<int16_t>(r, where);
-    case UINT32: return (uint64_t)read_le<uint32_t>(r, where);
-    case INT32: return (int64_t)read_le<int32_t>(r, where);
-    case UINT64: return read_le<uint64_t>(r, where);
-    case INT64: return read_le<int64_t>(r, where);
-    case FLOAT32: return (double)read_le<float>(r, where);
-    case FLOAT64: return read_le<double>(r, where);
-    case BOOL: return read_le<uint8_t>(r, where) != 0;
+    case UINT8: return (uint64_t)r.get<uint8_t>("value", where);
+    case INT8: return (int64_t)r.get<int8_t>("value", where);
+    case UINT16: return (uint64_t)r.get<uint16_t>("value", where);
+    case INT16: return (int64_t)r.get<int16_t>("value", where);
+    case UINT32: return (uint64_t)r.get<uint32_t>("value", where);
+    case INT32: return (int64_t)r.get<int32_t>("value", where);
+    case UINT64: return r.get<uint64_t>("value", where);
+    case INT64: return r.get<int64_t>("value", where);
+    case FLOAT32: return (double)r.get<float>("value", where);
+    case FLOAT64: return r.get<double>("value", where);
+    case BOOL: return r.get<uint8_t>("value", where) != 0;
     default: return int64_t{0};  // unreachable: callers check the type
   }
 }

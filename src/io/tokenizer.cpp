@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <deque>
 #include <filesystem>
 #include <mutex>
 #include <nlohmann/json.hpp>
@@ -533,23 +534,34 @@ class SentencePieceTokenizer final : public Tokenizer {
       }
       if (normal_.emplace(t, id).second) max_len_ = std::max(max_len_, t.size());
     }
+    // Characters that some piece has right before a space: elsewhere no piece spans the
+    // point before a space, so the text can be cut there without changing the result.
+    const std::string_view marker = escape_ ? std::string_view(kSpaceMarker) : std::string_view(" ");
+    for (const auto& [t, id] : normal_) {
+      for (size_t p = t.find(marker, 1); p != std::string::npos; p = t.find(marker, p + 1)) {
+        size_t q = p - 1;
+        while (q > 0 && ((unsigned char)t[q] & 0xC0) == 0x80) --q;
+        size_t len;
+        before_space_.insert(unicode::decode_utf8(t, q, len));
+      }
+    }
+    space_cp_ = escape_ ? 0x2581 : ' ';
   }
 
   std::vector<int32_t> encode(std::string_view text, bool add_bos) const override {
     std::vector<int32_t> out;
     out.reserve(text.size() / 3 + 2);
     if (add_bos && bos_ >= 0) out.push_back(bos_);
-    std::string buf;
-    std::vector<Symbol> sym;
-    std::vector<MergeCandidate> heap;
+    Work work;
+    std::deque<std::string> bufs;  // cached chunks point into these
     user_.partition(
         text,
         [&](std::string_view raw, size_t offset) {
-          buf.clear();
+          std::string& buf = bufs.emplace_back();
           if (add_space_prefix_ && offset == 0) buf += ' ';
           buf.append(raw);
           if (escape_) replace_all(buf, " ", kSpaceMarker);
-          encode_fragment(buf, sym, heap, out);
+          encode_fragment(buf, work, out);
         },
         [&](int32_t id) { out.push_back(id); });
     return out;
@@ -592,8 +604,51 @@ class SentencePieceTokenizer final : public Tokenizer {
     return add_space_prefix_ && types_[id] == kTypeNormal && !decoded_[id].empty() && decoded_[id][0] == ' ';
   }
 
-  void encode_fragment(std::string_view s, std::vector<Symbol>& sym, std::vector<MergeCandidate>& heap,
-                       std::vector<int32_t>& out) const {
+  // Cuts a fragment where no piece can span (before a space whose left neighbour never
+  // precedes a space inside a piece) and encodes the chunks, reusing results for repeats.
+  struct Work {
+    std::vector<Symbol> sym;
+    std::vector<MergeCandidate> heap;
+    std::unordered_map<std::string_view, std::pair<uint32_t, uint32_t>> cache;  // chunk -> span in `cached`
+    std::vector<int32_t> cached;
+  };
+
+  void encode_fragment(std::string_view s, Work& w, std::vector<int32_t>& out) const {
+    size_t start = 0;
+    uint32_t prev = unicode::kInvalid;
+    for (size_t i = 0; i < s.size();) {
+      size_t len = 1;
+      const uint32_t cp = (unsigned char)s[i] < 0x80 ? (unsigned char)s[i] : unicode::decode_utf8(s, i, len);
+      if (cp == space_cp_ && i > start && !before_space_.count(prev)) {
+        encode_chunk(s.substr(start, i - start), w, out);
+        start = i;
+      }
+      prev = cp;
+      i += len;
+    }
+    if (start < s.size()) encode_chunk(s.substr(start), w, out);
+  }
+
+  void encode_chunk(std::string_view s, Work& w, std::vector<int32_t>& out) const {
+    const bool cacheable = s.size() <= 64;
+    if (cacheable) {
+      auto it = w.cache.find(s);
+      if (it != w.cache.end()) {
+        out.insert(out.end(), w.cached.begin() + it->second.first, w.cached.begin() + it->second.second);
+        return;
+      }
+    }
+    const size_t first = out.size();
+    bpe_chunk(s, w.sym, w.heap, out);
+    if (cacheable) {
+      const uint32_t b = (uint32_t)w.cached.size();
+      w.cached.insert(w.cached.end(), out.begin() + first, out.end());
+      w.cache.emplace(s, std::make_pair(b, (uint32_t)w.cached.size()));
+    }
+  }
+
+  void bpe_chunk(std::string_view s, std::vector<Symbol>& sym, std::vector<MergeCandidate>& heap,
+                 std::vector<int32_t>& out) const {
     sym.clear();
     for (size_t i = 0; i < s.size();) {
       const size_t len = unicode::utf8_len(s, i);
@@ -640,6 +695,8 @@ class SentencePieceTokenizer final : public Tokenizer {
   std::array<int32_t, 256> byte_tok_{};
   std::unordered_map<std::string_view, int32_t> normal_;  // views into tokens_
   size_t max_len_ = 0;
+  std::unordered_set<uint32_t> before_space_;
+  uint32_t space_cp_ = ' ';
   UserTokens user_;
 };
 

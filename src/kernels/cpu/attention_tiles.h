@@ -26,7 +26,7 @@ typedef int32_t vi16 __attribute__((vector_size(64)));
 
 inline int64_t padded_dim(int64_t hd) { return (hd + kV - 1) / kV * kV; }
 
-inline v16 bcast(float x) { return v16{} + x; }
+inline v16 bcast(float x) { return v16{x, x, x, x, x, x, x, x, x, x, x, x, x, x, x, x}; }
 inline v16 load(const float* p) {
   v16 r;
   std::memcpy(&r, p, sizeof(r));

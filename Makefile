@@ -6,7 +6,7 @@ JOBS ?= $(shell nproc)
 DATA ?= $(abspath ../shared/data)
 CMAKE_FLAGS ?=
 
-.PHONY: setup build demo test bench asan clean
+.PHONY: setup build demo test test-asan bench asan clean
 
 setup:
 	bash scripts/setup.sh
@@ -25,8 +25,13 @@ bench: build
 	$(BUILD)/focus_bench --json $(BUILD)/bench.json
 
 asan:
-	cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DFOCUS_ASAN=ON -DFOCUS_BENCH=OFF >/dev/null
-	cmake --build build-asan -j $(JOBS)
+	cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DFOCUS_ASAN=ON -DFOCUS_TESTS=OFF -DFOCUS_BENCH=OFF >/dev/null
+	cmake --build build-asan -j $(JOBS) --target focus
+
+# The malformed-input suite against the AddressSanitizer build of the binary.
+test-asan: build asan
+	FOCUS_DATA=$(DATA) FOCUS_BIN=$(abspath build-asan/focus) ASAN_OPTIONS=detect_leaks=1 \
+	  $(BUILD)/focus_tests --gtest_filter='BadInputs.*'
 
 clean:
 	rm -rf $(BUILD) build-asan

@@ -11,9 +11,9 @@ Builds each tokenizer with an established library from the same vocabulary files
            text first, as llama.cpp and Hugging Face tokenizers do
 
 Usage:
-  tokenizer_reference.py KIND [--model PATH] TEXT...      print ids for each TEXT (JSON lines)
-  tokenizer_reference.py KIND [--model PATH] --file F...  print token count and ids file per F
-                                                           (BOM dropped, CRLF -> LF)
+  tokenizer_reference.py KIND [--model PATH] [--pre P] TEXT...      print ids per TEXT (JSON lines)
+  tokenizer_reference.py KIND [--model PATH] [--pre P] --file F...  print the token count per file F
+                                   (BOM dropped, CRLF -> LF; --ids-dir D also writes its ids)
 Needs: pip install tokenizers sentencepiece protobuf gguf
 """
 import argparse
@@ -54,43 +54,54 @@ def gguf_vocab(path):
     return out
 
 
-def hf_byte_bpe(vocab, merges, digits_alone):
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+# Split patterns of the Llama 3 and Qwen 2 tokenizer.json files.
+SPLIT_PATTERNS = {
+    "llama3": r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+",
+    "qwen2": r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+",
+}
+
+
+def hf_byte_bpe(vocab, merges, pre):
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
 
     tok = Tokenizer(models.BPE(vocab=vocab, merges=merges))
     byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
-    if digits_alone:
+    if pre == "smollm":
         tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True), byte_level])
+    elif pre in SPLIT_PATTERNS:
+        split = pre_tokenizers.Split(Regex(SPLIT_PATTERNS[pre]), behavior="isolated")
+        tok.pre_tokenizer = pre_tokenizers.Sequence(
+            [split, pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
     else:
         tok.pre_tokenizer = byte_level
     tok.decoder = decoders.ByteLevel()
     return lambda text: tok.encode(text, add_special_tokens=False).ids
 
 
-def build_smollm2(path):
+def build_smollm2(path, pre=None):
     v = gguf_vocab(path)
     vocab = {t: i for i, t in enumerate(v["tokens"])}
     merges = [tuple(m.split(" ", 1)) for m in v["merges"]]
-    return hf_byte_bpe(vocab, merges, digits_alone=True)
+    return hf_byte_bpe(vocab, merges, pre or "smollm")
 
 
-def build_gpt2(path):
+def build_gpt2(path, pre=None):
     with open(os.path.join(path, "encoder.json"), encoding="utf-8") as f:
         vocab = json.load(f)
     with open(os.path.join(path, "vocab.bpe"), encoding="utf-8") as f:
         lines = f.read().split("\n")
     merges = [tuple(l.split(" ", 1)) for l in lines[1:] if l]
-    return hf_byte_bpe(vocab, merges, digits_alone=False)
+    return hf_byte_bpe(vocab, merges, pre or "gpt2")
 
 
-def build_llama2(path):
+def build_llama2(path, pre=None):
     import sentencepiece as spm
 
     sp = spm.SentencePieceProcessor(model_file=path)
     return lambda text: sp.encode(text)
 
 
-def build_gemma3(path):
+def build_gemma3(path, pre=None):
     import sentencepiece as spm
     from sentencepiece import sentencepiece_model_pb2 as pb
 
@@ -141,11 +152,13 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("kind", choices=sorted(DEFAULTS))
     ap.add_argument("--model", help="vocabulary file or folder (default: the project's usual location)")
+    ap.add_argument("--pre", choices=["gpt2", "smollm", "llama3", "qwen2"],
+                    help="byte-level kinds: use this pre-tokenizer instead of the vocabulary's own")
     ap.add_argument("--file", action="store_true", help="arguments are text files")
     ap.add_argument("--ids-dir", help="with --file: write each file's ids (one per line) here")
     ap.add_argument("texts", nargs="+")
     a = ap.parse_args()
-    encode = globals()["build_" + a.kind](a.model or DEFAULTS[a.kind])
+    encode = globals()["build_" + a.kind](a.model or DEFAULTS[a.kind], a.pre)
     for t in a.texts:
         if a.file:
             ids = encode(read_text(t))

@@ -53,6 +53,7 @@ struct TempFile {
   ~TempFile() {
     std::error_code ec;
     fs::remove(path, ec);
+    fs::remove(fs::path(path).parent_path(), ec);  // only succeeds once the directory is empty
   }
 };
 
@@ -912,6 +913,8 @@ TEST(GgufMalformed, NotAFile) {
     EXPECT_NE(std::string(e.what()).find(dir), std::string::npos) << e.what();
   }
   EXPECT_THROW(GGUFFile g(dir + "/does-not-exist.gguf"), focus::Error);
+  std::error_code ec;
+  fs::remove(dir, ec);
 }
 
 // Cuts of a real model at many points: every one must fail cleanly.

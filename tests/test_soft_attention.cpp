@@ -351,13 +351,16 @@ TEST(SoftAttentionKernel, RejectsBadShapes) {
 TEST(SoftAttentionKernel, Throughput) {
   // The router-training shape (SmolLM2-135M heads): N = 2048, H = 9, HKV = 3, Dh = 64, G = 16.
   // FLOPs counted on the visible causal pairs: forward 4 * Dh, backward 10 * Dh per pair and head.
+#ifdef __SANITIZE_ADDRESS__
+  GTEST_SKIP() << "timings mean nothing under AddressSanitizer";
+#endif
   SoftAttnShape s = shape(2048, 9, 3, 64, 16, 64, 1);
   const Inputs in = make_inputs(s, true, 700);
   VF o(in.q.size()), lse(9 * s.n), dq(in.q.size()), dk(in.k.size()), dv(in.v.size()), dp(in.p.size());
   const double pairs = (double)s.n * (s.n + 1) / 2 * s.heads;
   auto time = [](auto&& f) {
     double best = 1e30;
-    for (int r = 0; r < 3; ++r) {
+    for (int r = 0; r < 2; ++r) {
       const auto t0 = std::chrono::steady_clock::now();
       f();
       best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());

@@ -1,8 +1,12 @@
 #include "focus/sparse_attention.h"
 
+#include <sys/mman.h>
+
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <limits>
+#include <memory>
 #include <unordered_map>
 #include <vector>
 
@@ -40,12 +44,46 @@ bool visible(const FocusAttnShape& s, const Routing& r, int64_t i, int64_t j) {
   return j <= i && (i - j < s.window || j < s.sinks || share_group(r, i, j));
 }
 
+// Uninitialised 64-byte aligned floats (every user writes before reading). Buffers of 2 MiB and
+// more are 2 MiB aligned and ask for transparent huge pages: fewer page faults and TLB misses.
+class FloatBuffer {
+ public:
+  void resize(size_t n) {
+    if (n <= n_) return;
+    const size_t huge = size_t{2} << 20, bytes = n * sizeof(float);
+    const size_t align = bytes >= huge ? huge : 64;
+    float* p = static_cast<float*>(std::aligned_alloc(align, (bytes + align - 1) / align * align));
+    if (!p) throw std::bad_alloc();
+#ifdef MADV_HUGEPAGE
+    if (align == huge) madvise(p, (bytes + align - 1) / align * align, MADV_HUGEPAGE);
+#endif
+    p_.reset(p);
+    n_ = n;
+  }
+  float* data() { return p_.get(); }
+  const float* data() const { return p_.get(); }
+
+ private:
+  struct Free {
+    void operator()(float* p) const { std::free(p); }
+  };
+  std::unique_ptr<float, Free> p_;
+  size_t n_ = 0;
+};
+
+// Prefetches one head's row (hd floats); rows of one head are strided and often scattered.
+template <int Write>
+inline void prefetch_row(const float* p, int64_t hd) {
+  for (int64_t d = 0; d < hd; d += kV) __builtin_prefetch(p + d, Write);
+}
+constexpr int kAhead = 6;  // rows prefetched ahead when gathering or scattering rows
+
 // ---------------------------------------------------------------------------------------------
 // Keys and values of one kv head copied into tiles: slot (t, c) of tile t holds one token's key
 // (transposed, kt [hdp][kBk]) and value (v [kBk][hdp]); empty slots are zero.
 struct KeyTiles {
   int64_t hdp = 0, n_tiles = 0;
-  std::vector<float> kt, v;
+  FloatBuffer kt, v;
   void resize(int64_t tiles, int64_t hdp_) {
     hdp = hdp_;
     n_tiles = tiles;
@@ -64,19 +102,29 @@ struct KeyTiles {
     for (int64_t t = 0; t < n_tiles; ++t) {
       float* kt_t = kt.data() + t * hdp * kBk;
       float* v_t = v.data() + t * kBk * hdp;
-      std::fill(kt_t, kt_t + hdp * kBk, 0.f);
+      std::fill(kt_t + hd * kBk, kt_t + hdp * kBk, 0.f);
       for (int c = 0; c < kBk; ++c) {
+        // Rows are kv_stride apart and, in group order, scattered: fetch a few slots ahead.
+        if (c + 8 < kBk) {
+          const int64_t ahead = token_of(t * kBk + c + 8);
+          if (ahead >= 0)
+            for (int64_t d = 0; d < hd; d += kV) {
+              __builtin_prefetch(k + ahead * s.kv_stride + kvh * hd + d);
+              __builtin_prefetch(vv + ahead * s.kv_stride + kvh * hd + d);
+            }
+        }
         float* vr = v_t + c * hdp;
         const int64_t tok = token_of(t * kBk + c);
         if (tok < 0) {
+          for (int64_t d = 0; d < hd; ++d) kt_t[d * kBk + c] = 0.f;
           std::fill(vr, vr + hdp, 0.f);
           continue;
         }
         const float* kr = k + tok * s.kv_stride + kvh * hd;
         const float* vs = vv + tok * s.kv_stride + kvh * hd;
         for (int64_t d = 0; d < hd; ++d) kt_t[d * kBk + c] = kr[d];
-        std::copy(vs, vs + hd, vr);
-        std::fill(vr + hd, vr + hdp, 0.f);
+        for (int64_t d = 0; d < hd; ++d) vr[d] = vs[d];
+        for (int64_t d = hd; d < hdp; ++d) vr[d] = 0.f;
       }
     }
   }
@@ -290,12 +338,19 @@ void run_group_tiles(const float* q, const FocusAttnShape& s, const Routing& r, 
     const int64_t h = kvh * hpk + item.hl;
     R.build(P, r, item.g, item.t, s.window);
     qt.reset(R.rows);
-    for (int i = 0; i < R.rows; ++i) qt.load_row(i, q + (int64_t)R.token[i] * s.q_stride + h * hd, hd, s.scale);
+    for (int i = 0; i < R.rows; ++i) {
+      if (i + kAhead < R.rows) prefetch_row<0>(q + (int64_t)R.token[i + kAhead] * s.q_stride + h * hd, hd);
+      qt.load_row(i, q + (int64_t)R.token[i] * s.q_stride + h * hd, hd, s.scale);
+    }
     if (okeys) visit_window(qt, spans, R.token, R.owner, R.rows, *okeys, s.window, s.sinks);
     visit_group(qt, spans, R, P.first[item.g], gkeys, P.tile_off[item.g], slot_tag);
     for (int i = 0; i < R.rows; ++i) {
       const GroupSink& dst = sinks[R.owner[i] ? 0 : 1];
       const int64_t hh = dst.hoff + item.hl;
+      if (i + kAhead < R.rows) {
+        const GroupSink& nx = sinks[R.owner[i + kAhead] ? 0 : 1];
+        prefetch_row<1>(nx.o + (int64_t)R.token[i + kAhead] * nx.ostride + (nx.hoff + item.hl) * hd, hd);
+      }
       qt.store_row(i, dst.o + (int64_t)R.token[i] * dst.ostride + hh * hd, hd,
                    dst.lse ? dst.lse + item.hl * s.n + R.token[i] : nullptr);
     }
@@ -304,7 +359,7 @@ void run_group_tiles(const float* q, const FocusAttnShape& s, const Routing& r, 
 
 // Partial states of one kv head's query heads for topk 2: slot 0 and slot 1 per token.
 struct SlotBuffers {
-  std::vector<float> o, lse;
+  FloatBuffer o, lse;
   void resize(int64_t n, int64_t hpk, int64_t hd) {
     o.resize(2 * n * hpk * hd);
     lse.resize(2 * hpk * n);
@@ -484,11 +539,14 @@ void focus_window_attention(const float* q, const float* k, const float* v, floa
           qt.reset(rows);
           for (int i = 0; i < rows; ++i) {
             pos[i] = (int32_t)(t0 + i);
+            if (i + kAhead < rows) prefetch_row<0>(q + (t0 + i + kAhead) * s.q_stride + h * hd, hd);
             qt.load_row(i, q + (t0 + i) * s.q_stride + h * hd, hd, s.scale);
           }
           visit_window(qt, spans, pos, owner, rows, keys, s.window, s.sinks);
-          for (int i = 0; i < rows; ++i)
+          for (int i = 0; i < rows; ++i) {
+            if (i + kAhead < rows) prefetch_row<1>(o + (t0 + i + kAhead) * s.o_stride + h * hd, hd);
             qt.store_row(i, o + (t0 + i) * s.o_stride + h * hd, hd, lse ? lse + h * s.n + t0 + i : nullptr);
+          }
         }
       }
     }
@@ -531,13 +589,16 @@ void focus_attention_two_call(const float* q, const float* k, const float* v, fl
   check_routing(r, s.n);
   if (s.n == 0) return;
   const int64_t row = s.heads * s.head_dim;
-  std::vector<float> lse1(s.heads * s.n), o2(s.n * row), lse2(s.heads * s.n);
+  FloatBuffer lse1, o2, lse2;
+  lse1.resize(s.heads * s.n);
+  o2.resize(s.n * row);
+  lse2.resize(s.heads * s.n);
   focus_window_attention(q, k, v, o, lse1.data(), s);
   FocusAttnShape s2 = s;
   s2.o_stride = row;
   focus_group_attention(q, k, v, o2.data(), lse2.data(), s2, r);
   merge_attention_states(o, lse1.data(), s.o_stride, o2.data(), lse2.data(), row, s.n, s.heads, s.head_dim);
-  if (lse) std::copy(lse1.begin(), lse1.end(), lse);
+  if (lse) std::copy(lse1.data(), lse1.data() + s.heads * s.n, lse);
 }
 
 }  // namespace focus

@@ -10,7 +10,6 @@
 #include <filesystem>
 #include <mutex>
 #include <nlohmann/json.hpp>
-#include <queue>
 #include <set>
 #include <unordered_map>
 #include <unordered_set>
@@ -258,12 +257,15 @@ std::vector<int32_t> effective_types(const VocabData& v) {
 // SentencePiece and Hugging Face tokenizers do; leftmost, then longest match wins.
 class UserTokens {
  public:
-  void add(std::string_view text, int32_t id) {
+  void add(std::string text, int32_t id) {
     if (text.empty()) return;
-    auto& b = by_first_[(unsigned char)text[0]];
-    b.push_back({text, id});
-    std::stable_sort(b.begin(), b.end(), [](const Entry& x, const Entry& y) { return x.text.size() > y.text.size(); });
+    const unsigned char first = (unsigned char)text[0];
+    by_first_[first].push_back({std::move(text), id});
     any_ = true;
+  }
+  void finish() {  // longest first within each bucket
+    for (auto& b : by_first_)
+      std::stable_sort(b.begin(), b.end(), [](const Entry& x, const Entry& y) { return x.text.size() > y.text.size(); });
   }
   bool empty() const { return !any_; }
   // Calls raw(string_view) for text between matches and tok(id) for each match.
@@ -296,7 +298,7 @@ class UserTokens {
 
  private:
   struct Entry {
-    std::string_view text;
+    std::string text;
     int32_t id;
   };
   std::array<std::vector<Entry>, 256> by_first_;
@@ -316,25 +318,29 @@ struct MergeCandidate {
   int32_t left, right;
   uint32_t len;  // combined length when queued (stale entries no longer match)
   int32_t id;
-  bool operator<(const MergeCandidate& o) const {  // priority_queue top = lowest cost, then leftmost
+  // Heap order: the top is the lowest cost, then the leftmost.
+  bool operator<(const MergeCandidate& o) const {
     if (cost != o.cost) return cost > o.cost;
     return left > o.left;
   }
 };
 
+// `heap` is scratch space, passed in so that its allocation is reused across words.
 template <typename Find>
-void merge_symbols(std::vector<Symbol>& sym, std::vector<MergeCandidate>& heap_storage, Find&& find) {
-  std::priority_queue<MergeCandidate> heap(std::less<MergeCandidate>(), std::move(heap_storage));
+void merge_symbols(std::vector<Symbol>& sym, std::vector<MergeCandidate>& heap, Find&& find) {
+  heap.clear();
   auto consider = [&](int32_t l, int32_t r) {
     if (l < 0 || r < 0) return;
     const auto [cost, id] = find(sym[l], sym[r]);
     if (std::isnan(cost)) return;
-    heap.push({cost, l, r, sym[l].len + sym[r].len, id});
+    heap.push_back({cost, l, r, sym[l].len + sym[r].len, id});
+    std::push_heap(heap.begin(), heap.end());
   };
   for (int32_t i = 0; i + 1 < (int32_t)sym.size(); ++i) consider(i, i + 1);
   while (!heap.empty()) {
-    const MergeCandidate m = heap.top();
-    heap.pop();
+    std::pop_heap(heap.begin(), heap.end());
+    const MergeCandidate m = heap.back();
+    heap.pop_back();
     Symbol& l = sym[m.left];
     Symbol& r = sym[m.right];
     if (l.len == 0 || r.len == 0 || l.next != m.right || l.len + r.len != m.len) continue;
@@ -346,9 +352,6 @@ void merge_symbols(std::vector<Symbol>& sym, std::vector<MergeCandidate>& heap_s
     consider(l.prev, m.left);
     consider(m.left, l.next);
   }
-  // Give the storage back for reuse.
-  heap_storage.clear();
-  while (!heap.empty()) heap.pop();
 }
 
 struct PairHash {
@@ -367,7 +370,6 @@ class ByteBPETokenizer final : public Tokenizer {
     std::unordered_map<std::string_view, int32_t> id_of;
     id_of.reserve(n * 2);
     decoded_.resize(n);
-    types_ = types;
     for (size_t i = 0; i < n; ++i) {
       const std::string& t = v.tokens[i];
       FOCUS_CHECK(unicode::is_valid_utf8(t), source, ": token ", i, " is not valid UTF-8");
@@ -387,6 +389,7 @@ class ByteBPETokenizer final : public Tokenizer {
         p += len;
       }
     }
+    user_.finish();
     for (int b = 0; b < 256; ++b) {
       auto it = id_of.find(bu.encode[b]);
       byte_tok_[b] = (it != id_of.end() && types[it->second] == kTypeNormal) ? it->second : -1;
@@ -485,7 +488,6 @@ class ByteBPETokenizer final : public Tokenizer {
   int32_t bos_, eos_, unk_;
   bool add_bos_;
   std::vector<std::string> decoded_;
-  std::vector<int32_t> types_;
   std::array<int32_t, 256> byte_tok_{};
   std::unordered_map<uint64_t, std::pair<int32_t, int32_t>, PairHash> merges_;  // (a, b) -> (rank, a+b)
   UserTokens user_;
@@ -495,6 +497,8 @@ class ByteBPETokenizer final : public Tokenizer {
 
 class SentencePieceTokenizer final : public Tokenizer {
  public:
+  SentencePieceTokenizer(const SentencePieceTokenizer&) = delete;
+  SentencePieceTokenizer& operator=(const SentencePieceTokenizer&) = delete;
   SentencePieceTokenizer(const VocabData& v, const std::string& source)
       : tokens_(v.tokens), scores_(v.scores), bos_(v.bos), eos_(v.eos), unk_(v.unk), add_bos_(v.add_bos),
         add_space_prefix_(v.add_space_prefix) {
@@ -528,12 +532,13 @@ class SentencePieceTokenizer final : public Tokenizer {
       }
       decoded_[i] = t;
       if (escape_) replace_all(decoded_[i], kSpaceMarker, " ");
-      if (type == kTypeUser) {
-        user_.add(t, id);
+      if (type == kTypeUser) {  // matched in the raw text, so with plain spaces
+        user_.add(decoded_[i], id);
         continue;
       }
       if (normal_.emplace(t, id).second) max_len_ = std::max(max_len_, t.size());
     }
+    user_.finish();
     // Characters that some piece has right before a space: elsewhere no piece spans the
     // point before a space, so the text can be cut there without changing the result.
     const std::string_view marker = escape_ ? std::string_view(kSpaceMarker) : std::string_view(" ");
@@ -1037,6 +1042,8 @@ std::unique_ptr<Tokenizer> load_tokenizer(const std::string& path, int32_t vocab
     return build(vocab_from_gguf(f), path);
   }
   const std::string name = fs::path(path).filename().string();
+  FOCUS_CHECK(!ends_with(name, ".model"), path,
+              ": SentencePiece .model files are not read directly; use its llama2.c tokenizer.bin export or a GGUF");
   if (ends_with(name, ".json")) {
     if (name == "vocab.json" || name == "encoder.json") {
       const fs::path dir = fs::path(path).parent_path();

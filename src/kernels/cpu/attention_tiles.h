@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <new>
 #include <vector>
 
 namespace focus::cpu::tiles {
@@ -24,6 +25,20 @@ constexpr int kBk = 64;   // keys per tile
 typedef float v16 __attribute__((vector_size(64)));
 typedef int32_t vi16 __attribute__((vector_size(64)));
 
+// 64-byte aligned storage: a vector load that straddles two cache lines costs twice as much.
+template <class T>
+struct AlignedAllocator {
+  using value_type = T;
+  AlignedAllocator() = default;
+  template <class U>
+  AlignedAllocator(const AlignedAllocator<U>&) {}
+  T* allocate(size_t n) { return static_cast<T*>(::operator new(n * sizeof(T), std::align_val_t{64})); }
+  void deallocate(T* p, size_t) { ::operator delete(p, std::align_val_t{64}); }
+  template <class U>
+  bool operator==(const AlignedAllocator<U>&) const { return true; }
+};
+using AlignedFloats = std::vector<float, AlignedAllocator<float>>;
+
 inline int64_t padded_dim(int64_t hd) { return (hd + kV - 1) / kV * kV; }
 
 inline v16 bcast(float x) { return v16{x, x, x, x, x, x, x, x, x, x, x, x, x, x, x, x}; }
@@ -33,6 +48,15 @@ inline v16 load(const float* p) {
   return r;
 }
 inline void store(float* p, v16 x) { std::memcpy(p, &x, sizeof(x)); }
+// A load kept in a register: stops the compiler from folding it into every FMA that uses it,
+// which would turn one load per micro-kernel step into one per row.
+inline v16 load_reg(const float* p) {
+  v16 r = load(p);
+#if defined(__x86_64__)
+  asm("" : "+v"(r));
+#endif
+  return r;
+}
 inline v16 vmax(v16 a, v16 b) { return a > b ? a : b; }
 inline v16 select(vi16 mask, v16 a, v16 b) { return (v16)((mask & (vi16)a) | (~mask & (vi16)b)); }
 
@@ -51,11 +75,10 @@ inline float hsum(v16 x) {
   return x[0];
 }
 
-// e^x for x <= 0 (Cephes expf polynomial, about 2 ulp). Inputs below -87 (including -inf)
-// return a tiny positive number, not 0: callers zero masked lanes themselves.
-inline v16 vexp(v16 x) {
+// e^x for x <= 0 (Cephes expf polynomial, about 2 ulp); exactly 0 below -87 (and for -inf).
+inline v16 vexp(v16 x0) {
   const v16 magic = bcast(12582912.f);  // 1.5 * 2^23: adding it rounds to an integer
-  x = vmax(x, bcast(-87.f));
+  const v16 x = vmax(x0, bcast(-87.f));
   const v16 t = x * 1.44269504088896341f + magic;
   const v16 n = t - magic;
   v16 r = x - n * 0.693359375f;
@@ -68,7 +91,7 @@ inline v16 vexp(v16 x) {
   p = p * r + 5.0000001201e-1f;
   p = p * (r * r) + r + 1.f;
   const vi16 e = ((vi16)t - (vi16)magic + 127) << 23;  // 2^n
-  return p * (v16)e;
+  return select(x0 >= -87.f, p * (v16)e, v16{});
 }
 
 // S[i, c] = sum_d Q[i, d] Kt[d, c] for R rows and NV column vectors.
@@ -77,7 +100,7 @@ inline void scores_block(const float* q, int64_t hdp, const float* kt, float* s)
   v16 a[R][NV] = {};
   for (int64_t d = 0; d < hdp; ++d) {
     v16 kv[NV];
-    for (int c = 0; c < NV; ++c) kv[c] = load(kt + d * kBk + c * kV);
+    for (int c = 0; c < NV; ++c) kv[c] = load_reg(kt + d * kBk + c * kV);
     for (int i = 0; i < R; ++i) {
       const v16 qv = bcast(q[i * hdp + d]);
       for (int c = 0; c < NV; ++c) a[i][c] += qv * kv[c];
@@ -118,7 +141,7 @@ inline void pv_block(const float* p, const float* v, int64_t ldv, int cols, floa
     for (int c = 0; c < ND; ++c) a[i][c] = load(o + i * hdp + c * kV);
   for (int j = 0; j < cols; ++j) {
     v16 vv[ND];
-    for (int c = 0; c < ND; ++c) vv[c] = load(v + j * ldv + c * kV);
+    for (int c = 0; c < ND; ++c) vv[c] = load_reg(v + j * ldv + c * kV);
     for (int i = 0; i < R; ++i) {
       const v16 pv = bcast(p[i * kBk + j]);
       for (int c = 0; c < ND; ++c) a[i][c] += pv * vv[c];
@@ -164,14 +187,17 @@ struct RowSpan {
 struct QueryTile {
   int64_t hdp = 0;
   int rows = 0;
-  std::vector<float> q, o, s, m, l;
-  explicit QueryTile(int64_t hdp_) : hdp(hdp_), q(kBq * hdp_), o(kBq * hdp_), s(kBq * kBk), m(kBq), l(kBq) {}
+  AlignedFloats q, o, s;
+  AlignedFloats l;       // [kBq][kV] running sums, kept per lane (reduced once, at the end)
+  std::vector<float> m;  // [kBq] running maxima
+  explicit QueryTile(int64_t hdp_)
+      : hdp(hdp_), q(kBq * hdp_), o(kBq * hdp_), s(kBq * kBk), l(kBq * kV), m(kBq) {}
   // Starts a tile of n rows: empty softmax state (q must be loaded separately).
   void reset(int n) {
     rows = n;
     std::fill(o.begin(), o.begin() + n * hdp, 0.f);
+    std::fill(l.begin(), l.begin() + n * kV, 0.f);
     std::fill(m.begin(), m.begin() + n, -std::numeric_limits<float>::infinity());
-    std::fill(l.begin(), l.begin() + n, 0.f);
   }
   // Loads row r from src (head_dim floats), multiplied by scale, zero-padded.
   void load_row(int r, const float* src, int64_t hd, float scale) {
@@ -182,76 +208,96 @@ struct QueryTile {
   // Writes row r normalised (hd floats) and its log-sum-exp (-inf and zeros for an empty row).
   void store_row(int r, float* dst, int64_t hd, float* lse) const {
     const float* src = o.data() + r * hdp;
-    const float inv = l[r] > 0.f ? 1.f / l[r] : 0.f;
+    const float sum = hsum(load(l.data() + r * kV));
+    const float inv = sum > 0.f ? 1.f / sum : 0.f;
     for (int64_t d = 0; d < hd; ++d) dst[d] = src[d] * inv;
-    if (lse) *lse = l[r] > 0.f ? m[r] + std::log(l[r]) : -std::numeric_limits<float>::infinity();
+    if (lse) *lse = sum > 0.f ? m[r] + std::log(sum) : -std::numeric_limits<float>::infinity();
   }
 
   // Visits one key tile (kt [hdp][kBk], v rows with stride ldv) for rows [r0, r1) with the given
-  // spans (indexed by row). key_tag (kBk entries, or null) drives the tag exclusion.
+  // spans (indexed by row). key_tag (kBk entries, or null) drives the tag exclusion. Works in
+  // blocks of 4 rows, each restricted to the 16-column vectors its rows see, so ragged tile edges
+  // (causal diagonal, window edge) cost little, and a block's scores stay in L1 for its P.V.
   void visit(const float* kt, const float* v, int64_t ldv, int r0, int r1, const RowSpan* spans,
              const int32_t* key_tag) {
-    int clo = kBk, chi = 0;
-    for (int r = r0; r < r1; ++r) {
-      const RowSpan& sp = spans[r];
-      if (sp.lo0 < sp.hi0) clo = std::min(clo, sp.lo0), chi = std::max(chi, sp.hi0);
-      if (sp.lo1 < sp.hi1) clo = std::min(clo, sp.lo1), chi = std::max(chi, sp.hi1);
+    for (int rb = r0; rb < r1; rb += 4) {
+      const int nr = std::min(4, r1 - rb);
+      int clo = kBk, chi = 0;
+      for (int r = rb; r < rb + nr; ++r) {
+        const RowSpan& sp = spans[r];
+        if (sp.lo0 < sp.hi0) clo = std::min(clo, sp.lo0), chi = std::max(chi, sp.hi0);
+        if (sp.lo1 < sp.hi1) clo = std::min(clo, sp.lo1), chi = std::max(chi, sp.hi1);
+      }
+      if (clo >= chi) continue;
+      const int cv0 = clo / kV, cv1 = (chi + kV - 1) / kV;
+      float* sb = s.data() + rb * kBk;
+      tile_scores(q.data() + rb * hdp, hdp, nr, kt + cv0 * kV, sb + cv0 * kV, cv1 - cv0);
+      softmax_block(rb, nr, spans, cv0, cv1, key_tag);
+      tile_pv(sb + clo, v + clo * ldv, ldv, nr, chi - clo, o.data() + rb * hdp, hdp);
     }
-    if (clo >= chi) return;
-    const int cv0 = clo / kV, cv1 = (chi + kV - 1) / kV;
-    tile_scores(q.data() + r0 * hdp, hdp, r1 - r0, kt + cv0 * kV, s.data() + r0 * kBk + cv0 * kV, cv1 - cv0);
-    for (int r = r0; r < r1; ++r) softmax_row(r, spans[r], cv0, cv1, key_tag);
-    tile_pv(s.data() + r0 * kBk + clo, v + clo * ldv, ldv, r1 - r0, chi - clo, o.data() + r0 * hdp, hdp);
   }
 
  private:
-  // Turns row r's scores in column vectors [cv0, cv1) into probabilities (0 where not visible)
-  // and updates m, l and the output row.
-  void softmax_row(int r, const RowSpan& sp, int cv0, int cv1, const int32_t* key_tag) {
-    float* sr = s.data() + r * kBk;
+  // Turns the scores of rows [rb, rb + nr) in column vectors [cv0, cv1) into probabilities
+  // (0 where not visible) and updates m, l and the output rows.
+  void softmax_block(int rb, int nr, const RowSpan* spans, int cv0, int cv1, const int32_t* key_tag) {
     const float ninf = -std::numeric_limits<float>::infinity();
-    if (sp.empty()) {
-      for (int c = cv0 * kV; c < cv1 * kV; ++c) sr[c] = 0.f;
-      return;
-    }
     const vi16 iota{0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
-    const bool full = sp.lo0 <= cv0 * kV && sp.hi0 >= cv1 * kV && (!key_tag || sp.tag < 0);
-    vi16 mask[4];
-    v16 vm = bcast(ninf);
-    for (int c = cv0; c < cv1; ++c) {
-      v16 x = load(sr + c * kV);
-      if (!full) {
-        const vi16 col = iota + c * kV;
-        vi16 mk = ((col >= sp.lo0) & (col < sp.hi0)) | ((col >= sp.lo1) & (col < sp.hi1));
-        if (key_tag && sp.tag >= 0) {
-          vi16 kt;
-          std::memcpy(&kt, key_tag + c * kV, sizeof(kt));
-          mk &= (kt != sp.tag);
+    float mx[4];
+    bool live[4];
+    // Pass 1: mask (invisible scores become -inf) and the new row maxima.
+    for (int i = 0; i < nr; ++i) {
+      const int r = rb + i;
+      const RowSpan& sp = spans[r];
+      float* sr = s.data() + r * kBk;
+      live[i] = false;
+      if (!sp.empty()) {
+        const bool full = sp.lo0 <= cv0 * kV && sp.hi0 >= cv1 * kV && (!key_tag || sp.tag < 0);
+        v16 vm = bcast(ninf);
+        for (int c = cv0; c < cv1; ++c) {
+          v16 x = load(sr + c * kV);
+          if (!full) {
+            const vi16 col = iota + c * kV;
+            vi16 mk = ((col >= sp.lo0) & (col < sp.hi0)) | ((col >= sp.lo1) & (col < sp.hi1));
+            if (key_tag && sp.tag >= 0) {
+              vi16 kt;
+              std::memcpy(&kt, key_tag + c * kV, sizeof(kt));
+              mk &= (kt != sp.tag);
+            }
+            x = select(mk, x, bcast(ninf));
+            store(sr + c * kV, x);
+          }
+          vm = vmax(vm, x);
         }
-        mask[c - cv0] = mk;
-        x = select(mk, x, bcast(ninf));
-        store(sr + c * kV, x);
+        mx[i] = std::max(m[r], hmax(vm));
+        live[i] = mx[i] != ninf;
       }
-      vm = vmax(vm, x);
+      if (!live[i])  // nothing visible here and nothing before: contributes zeros
+        for (int c = cv0 * kV; c < cv1 * kV; ++c) sr[c] = 0.f;
     }
-    const float mx = std::max(m[r], hmax(vm));
-    if (mx == ninf) {  // nothing visible in this tile and nothing before
-      for (int c = cv0 * kV; c < cv1 * kV; ++c) sr[c] = 0.f;
-      return;
-    }
-    const float alpha = std::exp(m[r] - mx);  // 0 on the first visit (m = -inf)
-    v16 sum = {};
-    for (int c = cv0; c < cv1; ++c) {
-      v16 e = vexp(load(sr + c * kV) - mx);
-      if (!full) e = select(mask[c - cv0], e, v16{});
-      store(sr + c * kV, e);
-      sum += e;
-    }
-    l[r] = l[r] * alpha + hsum(sum);
-    m[r] = mx;
-    if (alpha != 1.f) {
-      float* orow = o.data() + r * hdp;
-      for (int64_t d = 0; d < hdp; d += kV) store(orow + d, load(orow + d) * alpha);
+    // Rescale factors of all rows with one vector exp (m = -inf gives ~0; l and o are 0 then).
+    v16 diff{};
+    for (int i = 0; i < nr; ++i)
+      if (live[i]) diff[i] = m[rb + i] - mx[i];
+    const v16 alpha = vexp(diff);
+    // Pass 2: probabilities, sums, output rescale.
+    for (int i = 0; i < nr; ++i) {
+      if (!live[i]) continue;
+      const int r = rb + i;
+      float* sr = s.data() + r * kBk;
+      v16 sum{};
+      for (int c = cv0; c < cv1; ++c) {
+        const v16 e = vexp(load(sr + c * kV) - mx[i]);  // exactly 0 for masked (-inf) scores
+        store(sr + c * kV, e);
+        sum += e;
+      }
+      const float a = alpha[i];
+      store(l.data() + r * kV, load(l.data() + r * kV) * a + sum);
+      m[r] = mx[i];
+      if (a != 1.f) {
+        float* orow = o.data() + r * hdp;
+        for (int64_t d = 0; d < hdp; d += kV) store(orow + d, load(orow + d) * a);
+      }
     }
   }
 };

@@ -75,24 +75,24 @@ inline float hsum(v16 x) {
   return x[0];
 }
 
-// e^x for x <= 0 (Cephes expf polynomial, about 2 ulp); exactly 0 below -87 (and for -inf).
-inline v16 vexp(v16 x0) {
+// e^x for x <= 0 as 2^n 2^f: n = round(x log2 e), f in [-1/2, 1/2], 2^f by a degree-5 minimax
+// polynomial (relative error about 2e-7). Inputs below -87 give e^-87 (about 1e-38), not 0.
+inline v16 vexp_clamped(v16 x) {
   const v16 magic = bcast(12582912.f);  // 1.5 * 2^23: adding it rounds to an integer
-  const v16 x = vmax(x0, bcast(-87.f));
-  const v16 t = x * 1.44269504088896341f + magic;
-  const v16 n = t - magic;
-  v16 r = x - n * 0.693359375f;
-  r = r - n * -2.12194440e-4f;
-  v16 p = bcast(1.9875691500e-4f);
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  p = p * (r * r) + r + 1.f;
-  const vi16 e = ((vi16)t - (vi16)magic + 127) << 23;  // 2^n
-  return select(x0 >= -87.f, p * (v16)e, v16{});
+  const v16 t = vmax(x, bcast(-87.f)) * 1.44269504088896341f;
+  const v16 tn = t + magic;
+  const v16 f = t - (tn - magic);
+  v16 p = bcast(1.3264722656e-3f);
+  p = p * f + 9.6715129912e-3f;
+  p = p * f + 5.5507335812e-2f;
+  p = p * f + 2.4022242427e-1f;
+  p = p * f + 6.9314700365e-1f;
+  p = p * f + 1.f;
+  const vi16 e = ((vi16)tn - ((vi16)magic - 127)) << 23;  // 2^n in the exponent field
+  return p * (v16)e;
 }
+// The same, but exactly 0 below -87 (and for -inf, the masked scores).
+inline v16 vexp(v16 x) { return select(x >= -87.f, vexp_clamped(x), v16{}); }
 
 // S[i, c] = sum_d Q[i, d] Kt[d, c] for R rows and NV column vectors.
 template <int R, int NV>
@@ -244,19 +244,19 @@ struct QueryTile {
     const float ninf = -std::numeric_limits<float>::infinity();
     const vi16 iota{0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
     float mx[4];
-    bool live[4];
+    bool live[4], full[4];
     // Pass 1: mask (invisible scores become -inf) and the new row maxima.
     for (int i = 0; i < nr; ++i) {
       const int r = rb + i;
       const RowSpan& sp = spans[r];
       float* sr = s.data() + r * kBk;
-      live[i] = false;
+      live[i] = full[i] = false;
       if (!sp.empty()) {
-        const bool full = sp.lo0 <= cv0 * kV && sp.hi0 >= cv1 * kV && (!key_tag || sp.tag < 0);
+        full[i] = sp.lo0 <= cv0 * kV && sp.hi0 >= cv1 * kV && (!key_tag || sp.tag < 0);
         v16 vm = bcast(ninf);
         for (int c = cv0; c < cv1; ++c) {
           v16 x = load(sr + c * kV);
-          if (!full) {
+          if (!full[i]) {
             const vi16 col = iota + c * kV;
             vi16 mk = ((col >= sp.lo0) & (col < sp.hi0)) | ((col >= sp.lo1) & (col < sp.hi1));
             if (key_tag && sp.tag >= 0) {
@@ -286,10 +286,18 @@ struct QueryTile {
       const int r = rb + i;
       float* sr = s.data() + r * kBk;
       v16 sum{};
-      for (int c = cv0; c < cv1; ++c) {
-        const v16 e = vexp(load(sr + c * kV) - mx[i]);  // exactly 0 for masked (-inf) scores
-        store(sr + c * kV, e);
-        sum += e;
+      if (full[i]) {
+        for (int c = cv0; c < cv1; ++c) {
+          const v16 e = vexp_clamped(load(sr + c * kV) - mx[i]);
+          store(sr + c * kV, e);
+          sum += e;
+        }
+      } else {
+        for (int c = cv0; c < cv1; ++c) {
+          const v16 e = vexp(load(sr + c * kV) - mx[i]);  // exactly 0 for masked (-inf) scores
+          store(sr + c * kV, e);
+          sum += e;
+        }
       }
       const float a = alpha[i];
       store(l.data() + r * kV, load(l.data() + r * kV) * a + sum);

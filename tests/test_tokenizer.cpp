@@ -265,6 +265,63 @@ TEST(TokenizerLlama2c, Llama2WholeFileCounts) {
   for (const auto& [name, count] : cases) EXPECT_EQ(t.encode(read_text(text_path(name)), false).size(), count) << name;
 }
 
+// The Llama 2 vocabulary written the way Hugging Face stores SentencePiece BPE models
+// (tokenizer.json with ranked merges, U+2581 for spaces, byte fallback) must tokenize the same.
+TEST(TokenizerLlama2c, SameAsHuggingFaceSentencePieceJson) {
+  FOCUS_NEED_FILE(llama2_path());
+  const VocabData v = focus::io::vocab_from_llama2c(llama2_path(), 32000);
+  const std::string marker = "\xE2\x96\x81";
+  std::vector<std::string> pieces(v.tokens.size());
+  std::map<std::string, int32_t> id_of;
+  for (size_t i = 0; i < v.tokens.size(); ++i) {
+    std::string t = i == 1 ? "<s>" : i == 2 ? "</s>" : v.tokens[i];
+    for (size_t p = 0; (p = t.find(' ', p)) != std::string::npos;) t.replace(p, 1, marker);
+    pieces[i] = t;
+    id_of[t] = (int32_t)i;
+  }
+  // Merges in the order of the scores of the pieces they make, as converters write them.
+  std::vector<std::pair<int32_t, std::string>> merges;
+  for (size_t i = 3; i < pieces.size(); ++i) {
+    const std::string& t = pieces[i];
+    for (size_t p = 1; p < t.size(); ++p) {
+      if (((unsigned char)t[p] & 0xC0) == 0x80) continue;
+      auto a = id_of.find(t.substr(0, p)), b = id_of.find(t.substr(p));
+      if (a != id_of.end() && b != id_of.end() && a->second > 2 && b->second > 2)
+        merges.push_back({(int32_t)i, t.substr(0, p) + " " + t.substr(p)});
+    }
+  }
+  std::stable_sort(merges.begin(), merges.end(),
+                   [&](const auto& x, const auto& y) { return v.scores[x.first] > v.scores[y.first]; });
+  nlohmann::json vocab = nlohmann::json::object(), merge_list = nlohmann::json::array();
+  for (size_t i = 0; i < pieces.size(); ++i) vocab[pieces[i]] = i;
+  for (const auto& m : merges) merge_list.push_back(m.second);
+  nlohmann::json j;
+  j["model"] = {{"type", "BPE"}, {"vocab", vocab}, {"merges", merge_list}, {"byte_fallback", true},
+                {"unk_token", "<unk>"}};
+  j["added_tokens"] = nlohmann::json::array({{{"id", 0}, {"content", "<unk>"}, {"special", true}},
+                                             {{"id", 1}, {"content", "<s>"}, {"special", true}},
+                                             {{"id", 2}, {"content", "</s>"}, {"special", true}}});
+  j["normalizer"] = {{"type", "Sequence"},
+                     {"normalizers", {{{"type", "Prepend"}, {"prepend", marker}},
+                                      {{"type", "Replace"}, {"pattern", {{"String", " "}}}, {"content", marker}}}}};
+  j["decoder"] = {{"type", "Sequence"}, {"decoders", nlohmann::json::array({{{"type", "ByteFallback"}}})}};
+  const std::string dir = ::testing::TempDir() + "/hf_llama2";
+  fs::create_directories(dir);
+  const std::string path = write_file("hf_llama2/tokenizer.json", j.dump());
+  auto hf = focus::io::load_tokenizer(path);
+  const Tokenizer& bin = cached(llama2_path());
+  EXPECT_EQ(hf->bos(), 1);
+  EXPECT_EQ(hf->eos(), 2);
+  EXPECT_TRUE(hf->add_bos_default());
+  for (const char* s : kSentences) EXPECT_EQ(hf->encode(s, true), bin.encode(s, true)) << s;
+  const std::string name = text_path("pg-1661-the-adventures-of-sherlock-holmes.txt");
+  FOCUS_NEED_FILE(name);
+  const std::string text = read_text(name).substr(0, 200000);
+  const Ids ids = hf->encode(text, true);
+  EXPECT_EQ(ids, bin.encode(text, true));
+  EXPECT_EQ(hf->decode(ids), text);
+}
+
 TEST(TokenizerLlama2c, TruncatedFile) {
   FOCUS_NEED_FILE(tok512_path());
   const std::string good = focus::read_file(tok512_path());

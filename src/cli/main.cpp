@@ -265,6 +265,7 @@ int cmd_prepare(const std::string& in, const std::string& out) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  select_blas_kernels(argv);
   CLI::App app{"focus: Focus sparse attention for pretrained language models"};
   app.require_subcommand(1);
   int threads = 0;

@@ -93,39 +93,33 @@ struct KeyTiles {
   const float* kt_tile(int64_t t) const { return kt.data() + t * hdp * kBk; }
   const float* v_tile(int64_t t) const { return v.data() + t * kBk * hdp; }
 
-  // Fills every tile from kv head kvh; token_of(slot) gives the token at a slot, or -1. Must be
-  // called from inside a parallel region (work-shared loop).
+  // Fills tile t from kv head kvh; token_of(slot) gives the token at a slot, or -1.
   template <class TokenOf>
-  void fill(const float* k, const float* vv, const FocusAttnShape& s, int64_t kvh, TokenOf token_of) {
+  void fill_tile(int64_t t, const float* k, const float* vv, const FocusAttnShape& s, int64_t kvh, TokenOf token_of) {
     const int64_t hd = s.head_dim;
-#pragma omp for schedule(static)
-    for (int64_t t = 0; t < n_tiles; ++t) {
-      float* kt_t = kt.data() + t * hdp * kBk;
-      float* v_t = v.data() + t * kBk * hdp;
-      std::fill(kt_t + hd * kBk, kt_t + hdp * kBk, 0.f);
-      for (int c = 0; c < kBk; ++c) {
-        // Rows are kv_stride apart and, in group order, scattered: fetch a few slots ahead.
-        if (c + 8 < kBk) {
-          const int64_t ahead = token_of(t * kBk + c + 8);
-          if (ahead >= 0)
-            for (int64_t d = 0; d < hd; d += kV) {
-              __builtin_prefetch(k + ahead * s.kv_stride + kvh * hd + d);
-              __builtin_prefetch(vv + ahead * s.kv_stride + kvh * hd + d);
-            }
-        }
-        float* vr = v_t + c * hdp;
-        const int64_t tok = token_of(t * kBk + c);
-        if (tok < 0) {
-          for (int64_t d = 0; d < hd; ++d) kt_t[d * kBk + c] = 0.f;
-          std::fill(vr, vr + hdp, 0.f);
-          continue;
-        }
-        const float* kr = k + tok * s.kv_stride + kvh * hd;
-        const float* vs = vv + tok * s.kv_stride + kvh * hd;
-        for (int64_t d = 0; d < hd; ++d) kt_t[d * kBk + c] = kr[d];
-        for (int64_t d = 0; d < hd; ++d) vr[d] = vs[d];
-        for (int64_t d = hd; d < hdp; ++d) vr[d] = 0.f;
+    float* kt_t = kt.data() + t * hdp * kBk;
+    float* v_t = v.data() + t * kBk * hdp;
+    std::fill(kt_t + hd * kBk, kt_t + hdp * kBk, 0.f);
+    for (int c = 0; c < kBk; ++c) {
+      // Rows are kv_stride apart and, in group order, scattered: fetch a few slots ahead.
+      const int64_t ahead_slot = t * kBk + c + kAhead;
+      const int64_t ahead = ahead_slot < n_tiles * kBk ? token_of(ahead_slot) : -1;
+      if (ahead >= 0) {
+        prefetch_row<0>(k + ahead * s.kv_stride + kvh * hd, hd);
+        prefetch_row<0>(vv + ahead * s.kv_stride + kvh * hd, hd);
       }
+      float* vr = v_t + c * hdp;
+      const int64_t tok = token_of(t * kBk + c);
+      if (tok < 0) {
+        for (int64_t d = 0; d < hd; ++d) kt_t[d * kBk + c] = 0.f;
+        std::fill(vr, vr + hdp, 0.f);
+        continue;
+      }
+      const float* kr = k + tok * s.kv_stride + kvh * hd;
+      const float* vs = vv + tok * s.kv_stride + kvh * hd;
+      for (int64_t d = 0; d < hd; ++d) kt_t[d * kBk + c] = kr[d];
+      for (int64_t d = 0; d < hd; ++d) vr[d] = vs[d];
+      for (int64_t d = hd; d < hdp; ++d) vr[d] = 0.f;
     }
   }
 };
@@ -378,13 +372,24 @@ void merge_slots(SlotBuffers& B, const FocusAttnShape& s, int64_t kvh, float* o,
   merge_states(n, hpk, hd, a, b, d);
 }
 
-void fill_original(KeyTiles& keys, const float* k, const float* v, const FocusAttnShape& s, int64_t kvh) {
-  keys.fill(k, v, s, kvh, [n = s.n](int64_t slot) { return slot < n ? slot : -1; });
+// Work-shared loops (inside a parallel region) filling the tiles of kv head kvh in original
+// order and in packed group order; `nowait` skips the closing barrier.
+void fill_original(KeyTiles& keys, const float* k, const float* v, const FocusAttnShape& s, int64_t kvh, bool nowait) {
+  auto token_of = [n = s.n](int64_t slot) { return slot < n ? slot : int64_t{-1}; };
+  if (nowait) {
+#pragma omp for schedule(static) nowait
+    for (int64_t t = 0; t < keys.n_tiles; ++t) keys.fill_tile(t, k, v, s, kvh, token_of);
+  } else {
+#pragma omp for schedule(static)
+    for (int64_t t = 0; t < keys.n_tiles; ++t) keys.fill_tile(t, k, v, s, kvh, token_of);
+  }
 }
 void fill_packed(KeyTiles& keys, const PackedGroups& P, const float* k, const float* v, const FocusAttnShape& s,
                  int64_t kvh) {
   const int32_t* tok = P.slot_token.data();
-  keys.fill(k, v, s, kvh, [tok](int64_t slot) { return (int64_t)tok[slot]; });
+  auto token_of = [tok](int64_t slot) { return (int64_t)tok[slot]; };
+#pragma omp for schedule(static)
+  for (int64_t t = 0; t < keys.n_tiles; ++t) keys.fill_tile(t, k, v, s, kvh, token_of);
 }
 
 }  // namespace
@@ -506,7 +511,7 @@ void focus_attention_fused(const float* q, const float* k, const float* v, float
     }
 #pragma omp parallel
     {
-      fill_original(okeys, k, v, s, kvh);
+      fill_original(okeys, k, v, s, kvh, /*nowait=*/true);
       fill_packed(gkeys, P, k, v, s, kvh);
       run_group_tiles(q, s, r, P, gkeys, &okeys, items, kvh, sinks);
       if (r.topk == 2) merge_slots(B, s, kvh, o, lse);
@@ -525,7 +530,7 @@ void focus_window_attention(const float* q, const float* k, const float* v, floa
   for (int64_t kvh = 0; kvh < s.kv_heads; ++kvh) {
 #pragma omp parallel
     {
-      fill_original(keys, k, v, s, kvh);
+      fill_original(keys, k, v, s, kvh, /*nowait=*/false);
       QueryTile qt(hdp);
       RowSpan spans[kBq];
       int32_t pos[kBq];

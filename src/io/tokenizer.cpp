@@ -1,8 +1,10 @@
+// Byte-level BPE (ranked merges over GPT-2's byte alphabet, after a hand-written regex
+// pre-tokenizer) and SentencePiece-style BPE (score-ordered merges over UTF-8 characters with
+// byte fallback). Both merge with a priority queue over a linked list of symbols.
 #include "io/tokenizer.h"
 
 #include <algorithm>
 #include <array>
-#include <atomic>
 #include <cmath>
 #include <cstdio>
 #include <cstring>

@@ -16,6 +16,7 @@
 #include "io/tokenizer.h"
 #include "kernels/cpu/ops.h"
 #include "model/model.h"
+#include "train/retrofit.h"
 
 using namespace focus;
 using json = nlohmann::json;
@@ -262,6 +263,47 @@ int cmd_prepare(const std::string& in, const std::string& out) {
   return 0;
 }
 
+int cmd_retrofit(const std::string& model, const std::string& tokenizer, RetrofitOptions o, const std::string& balance,
+                 bool as_json) {
+  LoadOptions lo;
+  lo.tokenizer = tokenizer;
+  auto m = load_model(model, lo);
+  o.balance = parse_balance(balance);
+  RetrofitResult r = run_retrofit(*m, o);
+  auto row = [](const char* name, double a, double b) {
+    std::printf("  %-28s %10.3f %10.3f\n", name, a, b);
+  };
+  std::printf("\nretrofit of %s: %lld steps, %lld training tokens, %.1f tok/s, %lld router parameters\n",
+              m->path.c_str(), (long long)r.steps, (long long)r.train_tokens, r.tokens_per_s,
+              (long long)r.router_params);
+  std::printf("validation perplexity (%lld tokens)      before      after\n", (long long)r.before.tokens);
+  row("pretrained (full attention)", r.before.ppl_pretrained, r.before.ppl_pretrained);
+  row("Focus soft", r.before.ppl_soft, r.after.ppl_soft);
+  row("Focus hard top-1", r.before.ppl_hard, r.after.ppl_hard);
+  if (r.after.ppl_hard_k2 > 0) row("Focus hard top-2", r.before.ppl_hard_k2, r.after.ppl_hard_k2);
+  std::printf("  hard top-1 density %.3f -> %.3f of causal pairs; group load max/mean %.2f -> %.2f\n",
+              r.before.density_hard, r.after.density_hard, r.before.load_max_over_mean, r.after.load_max_over_mean);
+  std::printf("routers written to %s (focus.json, router.safetensors, metrics.jsonl)\n", o.out.c_str());
+  if (as_json) {
+    json j{{"valid_ppl_pretrained", r.before.ppl_pretrained},
+           {"valid_ppl_soft", r.after.ppl_soft},
+           {"valid_ppl_hard", r.after.ppl_hard},
+           {"valid_ppl_hard_k2", r.after.ppl_hard_k2},
+           {"valid_ppl_soft_before", r.before.ppl_soft},
+           {"valid_ppl_hard_before", r.before.ppl_hard},
+           {"density_hard", r.after.density_hard},
+           {"load_max_over_mean", r.after.load_max_over_mean},
+           {"train_tokens", r.train_tokens},
+           {"tokens_per_s", r.tokens_per_s},
+           {"steps", r.steps},
+           {"router_params", r.router_params},
+           {"interrupted", r.interrupted},
+           {"out", o.out}};
+    std::cout << j.dump() << "\n";
+  }
+  return r.interrupted ? 130 : 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -314,6 +356,35 @@ int main(int argc, char** argv) {
   prep->add_option("input", tokenizer, "input text file")->required();
   prep->add_option("output", out, "output file")->required();
 
+  RetrofitOptions ro;
+  std::string balance = "none";
+  auto* rf = app.add_subcommand("retrofit", "train the Focus routers of a frozen model on text");
+  rf->add_option("--model", model, "MODEL")->required();
+  rf->add_option("--tokenizer", tokenizer, "tokenizer file (llama2.c models)");
+  rf->add_option("--train", ro.train, "training text files (each file is a document)")->required();
+  rf->add_option("--valid", ro.valid, "validation text files (never the same documents)")->required();
+  rf->add_option("--ctx", ro.ctx, "window length in tokens");
+  rf->add_option("--window", ro.focus.window, "Focus local window");
+  rf->add_option("--sinks", ro.focus.sinks, "sink tokens");
+  rf->add_option("--groups", ro.focus.groups, "groups G");
+  rf->add_option("--dg", ro.focus.dg, "routing dimension d_g");
+  rf->add_option("--topk", ro.focus.topk, "top-k for hard validation");
+  rf->add_option("--tau", ro.focus.tau, "router temperature");
+  rf->add_option("--steps", ro.steps, "optimizer steps");
+  rf->add_option("--batch", ro.batch, "windows per step");
+  rf->add_option("--lr", ro.adam.lr, "peak learning rate (AdamW)");
+  rf->add_option("--warmup", ro.warmup, "warm-up steps");
+  rf->add_option("--weight-decay", ro.adam.weight_decay, "AdamW weight decay");
+  rf->add_option("--balance", balance, "group balancing: none, swav (Sinkhorn targets), bias (load-driven bias)");
+  rf->add_option("--balance-weight", ro.balance_weight, "SwAV loss weight or bias rate");
+  rf->add_option("--eval-every", ro.eval_every, "validate every N steps");
+  rf->add_option("--valid-windows", ro.valid_windows, "validation windows");
+  rf->add_option("--checkpoint-seconds", ro.checkpoint_seconds, "seconds between checkpoints");
+  rf->add_option("--seed", ro.seed, "seed (router init and window sampling)");
+  rf->add_option("--out", ro.out, "output folder")->required();
+  rf->add_flag("--resume", ro.resume, "continue from the checkpoint in --out");
+  rf->add_flag("--json", as_json, "last stdout line is a JSON object");
+
   CLI11_PARSE(app, argc, argv);
   try {
     set_threads(threads);
@@ -322,6 +393,7 @@ int main(int argc, char** argv) {
     if (*gen) return cmd_generate(model, tokenizer, prompt, n, temp, seed, print_ids);
     if (*tk) return cmd_tokenize(model, tokenizer, prompt, bos);
     if (*prep) return cmd_prepare(tokenizer, out);
+    if (*rf) return cmd_retrofit(model, tokenizer, ro, balance, as_json);
   } catch (const Error& e) {
     std::fprintf(stderr, "error: %s\n", e.what());
     return 1;

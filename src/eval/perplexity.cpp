@@ -12,6 +12,38 @@ namespace focus {
 
 double PplResult::ppl() const { return std::exp(nll()); }
 
+double window_nll(const Model& m, const std::vector<int32_t>& ids, const std::vector<int32_t>& targets,
+                  const FocusRouters* focus, FocusStats* stats, int64_t* scored) {
+  const int64_t T = (int64_t)ids.size(), D = m.cfg.dim, V = m.cfg.vocab;
+  FOCUS_CHECK(targets.size() == ids.size(), "window_nll: ", ids.size(), " ids but ", targets.size(), " targets");
+  KVCache cache;
+  cache.init(m.cfg, T);
+  std::vector<float> hidden(T * D);
+  forward(m, ids.data(), T, cache, hidden.data(), focus, stats);
+  // Rows with a target, scored in chunks of 64.
+  std::vector<int64_t> rows;
+  for (int64_t t = 0; t < T; ++t)
+    if (targets[t] >= 0) rows.push_back(t);
+  const int64_t chunk = 64;
+  std::vector<float> h(chunk * D), logits(chunk * V);
+  double nll = 0;
+  for (size_t r0 = 0; r0 < rows.size(); r0 += chunk) {
+    const int64_t n = std::min<int64_t>(chunk, (int64_t)rows.size() - (int64_t)r0);
+    for (int64_t i = 0; i < n; ++i) std::copy_n(hidden.data() + rows[r0 + i] * D, D, h.data() + i * D);
+    compute_logits(m, h.data(), n, logits.data());
+    std::vector<double> lp(n);
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < n; ++i) lp[i] = cpu::log_prob(logits.data() + i * V, V, targets[rows[r0 + i]]);
+    for (int64_t i = 0; i < n; ++i) {
+      FOCUS_CHECK(std::isfinite(lp[i]), m.path, ": non-finite log-probability at window row ", rows[r0 + i],
+                  " (NaN or Inf in the weights or activations)");
+      nll -= lp[i];
+    }
+  }
+  if (scored) *scored = (int64_t)rows.size();
+  return nll;
+}
+
 PplResult perplexity(const Model& m, const std::vector<int32_t>& ids, const PplOptions& o) {
   const int32_t bos_id = (o.bos && m.tok) ? m.tok->bos() : -1;
   const int64_t nb = bos_id >= 0 ? 1 : 0;
@@ -25,13 +57,8 @@ PplResult perplexity(const Model& m, const std::vector<int32_t>& ids, const PplO
   FOCUS_CHECK(n >= 2 - nb, "perplexity: the text has too few tokens (", n, ")");
 
   PplResult r;
-  KVCache cache;
-  cache.init(m.cfg, o.ctx);
-  std::vector<float> hidden(o.ctx * m.cfg.dim);
-  const int64_t chunk = 64;
-  std::vector<float> logits(chunk * m.cfg.vocab);
-  std::vector<int32_t> win;
-  int64_t n_windows = 1 + (n > span ? (n - span + stride - 1) / stride : 0);
+  std::vector<int32_t> win, tgt;
+  const int64_t n_windows = 1 + (n > span ? (n - span + stride - 1) / stride : 0);
   Progress bar("eval", n_windows, "win");
   const auto t0 = std::chrono::steady_clock::now();
   int64_t scored_to = 0;  // ids[0, scored_to) have been scored (or cannot be)
@@ -44,29 +71,15 @@ PplResult perplexity(const Model& m, const std::vector<int32_t>& ids, const PplO
     win.clear();
     if (nb) win.push_back(bos_id);
     win.insert(win.end(), ids.begin() + a, ids.begin() + b);
-    const int64_t T = (int64_t)win.size();
-    cache.clear();
-    forward(m, win.data(), T, cache, hidden.data(), o.focus, &r.focus);
-    // Window row i predicts win[i + 1]; id index of win[i] is a + i - nb.
+    // Row i holds win[i] and predicts win[i + 1] = ids[a + i + 1 - nb]; score each id once.
     const int64_t first_target = std::max(scored_to, nb ? a : a + 1);
-    std::vector<double> row_nll;
-    for (int64_t t0r = first_target; t0r < b; t0r += chunk) {
-      const int64_t rows = std::min(chunk, b - t0r);
-      const int64_t row0 = t0r - a + nb - 1;  // hidden row predicting ids[t0r]
-      compute_logits(m, hidden.data() + row0 * m.cfg.dim, rows, logits.data());
-      std::vector<double> lp(rows);
-#pragma omp parallel for schedule(static)
-      for (int64_t i = 0; i < rows; ++i)
-        lp[i] = cpu::log_prob(logits.data() + i * m.cfg.vocab, m.cfg.vocab, ids[t0r + i]);
-      for (int64_t i = 0; i < rows; ++i) {
-        FOCUS_CHECK(std::isfinite(lp[i]), m.path, ": non-finite log-probability at token ", t0r + i,
-                    " (NaN or Inf in the weights or activations)");
-        r.nll_sum -= lp[i];
-      }
-      r.tokens += rows;
-    }
+    tgt.assign(win.size(), -1);
+    for (int64_t t = first_target; t < b; ++t) tgt[t - a + nb - 1] = ids[t];
+    int64_t scored = 0;
+    r.nll_sum += window_nll(m, win, tgt, o.focus, &r.focus, &scored);
+    r.tokens += scored;
     scored_to = b;
-    r.processed += T;
+    r.processed += (int64_t)win.size();
     r.windows++;
     if (o.progress) {
       const double el = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

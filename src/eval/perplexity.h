@@ -28,6 +28,11 @@ struct PplResult {
   double ppl() const;
 };
 
+// One window run from position 0: the sum of -log p(targets[t] | ids[0..t]) over the rows with
+// targets[t] >= 0, and their count in *scored. Logits are made in row chunks (no [T, vocab]).
+double window_nll(const Model& m, const std::vector<int32_t>& ids, const std::vector<int32_t>& targets,
+                  const FocusRouters* focus, FocusStats* stats, int64_t* scored);
+
 // Scores ids (text tokens, no BOS). Window w covers ids[a, b) with a = w * stride; a token is
 // scored in the first window that predicts it from inside that window.
 PplResult perplexity(const Model& m, const std::vector<int32_t>& ids, const PplOptions& o);

@@ -30,7 +30,9 @@ struct Run {
 };
 
 Run run(const std::string& args) {
-  const std::string errf = ::testing::TempDir() + "/bad_inputs_stderr.txt";
+  // One stderr file per test: ctest runs the tests of this suite in parallel processes.
+  const std::string errf = ::testing::TempDir() + "/bad_inputs_stderr_" +
+                           ::testing::UnitTest::GetInstance()->current_test_info()->name() + ".txt";
   const std::string cmd = focus_bin() + " " + args + " >/dev/null 2>" + errf;
   const int st = std::system(cmd.c_str());
   Run r{WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st), focus::read_file(errf)};

@@ -181,12 +181,17 @@ struct RowSpan {
   int lo0 = 0, hi0 = 0, lo1 = 0, hi1 = 0;
   int32_t tag = -1;
   bool empty() const { return lo0 >= hi0 && lo1 >= hi1; }
+  // Whether every column in [c0, c1) is inside the intervals (tags aside); interval 0 lies
+  // before interval 1.
+  bool covers(int c0, int c1) const {
+    const bool in0 = lo0 <= c0 && hi0 >= c1, in1 = lo1 <= c0 && hi1 >= c1;
+    return in0 || in1 || (lo0 < hi0 && lo0 <= c0 && hi0 >= lo1 && hi1 >= c1);
+  }
 };
 
 // Online-softmax state of one query tile, with its scratch.
 struct QueryTile {
   int64_t hdp = 0;
-  int rows = 0;
   AlignedFloats q, o, s;
   AlignedFloats l;       // [kBq][kV] running sums, kept per lane (reduced once, at the end)
   std::vector<float> m;  // [kBq] running maxima
@@ -194,7 +199,6 @@ struct QueryTile {
       : hdp(hdp_), q(kBq * hdp_), o(kBq * hdp_), s(kBq * kBk), l(kBq * kV), m(kBq) {}
   // Starts a tile of n rows: empty softmax state (q must be loaded separately).
   void reset(int n) {
-    rows = n;
     std::fill(o.begin(), o.begin() + n * hdp, 0.f);
     std::fill(l.begin(), l.begin() + n * kV, 0.f);
     std::fill(m.begin(), m.begin() + n, -std::numeric_limits<float>::infinity());
@@ -252,7 +256,7 @@ struct QueryTile {
       float* sr = s.data() + r * kBk;
       live[i] = full[i] = false;
       if (!sp.empty()) {
-        full[i] = sp.lo0 <= cv0 * kV && sp.hi0 >= cv1 * kV && (!key_tag || sp.tag < 0);
+        full[i] = sp.covers(cv0 * kV, cv1 * kV) && (!key_tag || sp.tag < 0);
         v16 vm = bcast(ninf);
         for (int c = cv0; c < cv1; ++c) {
           v16 x = load(sr + c * kV);

@@ -1,0 +1,55 @@
+// Router training through a frozen transformer: the loss of one window and the gradient of
+// every router's parameters. Only activation gradients flow through the model (no gradient
+// buffers for frozen weights). Every architecture of forward() is covered (Llama family with
+// GQA, Gemma 3 with its sliding-window layers, QK norms and extra norms, GPT-2).
+//
+// Router layers run Focus soft attention (the additive log-bias of spec section 2); other layers
+// run plain causal (or sliding-window) attention through the same soft kernel without a bias.
+// Layer activations are either kept from the forward pass or recomputed layer by layer from the
+// stored residual inputs, whichever the memory budget allows; both give the same numbers.
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <vector>
+
+#include "focus/focus_model.h"
+#include "focus/router.h"
+#include "model/model.h"
+
+namespace focus {
+
+// One training window: the model input ids[0..T) (positions 0..T-1) and, per row, the token to
+// predict (targets[t] < 0: row not scored).
+struct TrainWindow {
+  const int32_t* ids = nullptr;
+  int64_t T = 0;
+  const int32_t* targets = nullptr;
+};
+
+struct LossGrad {
+  double loss_sum = 0;  // sum of -log p(target) over scored rows (unscaled)
+  int64_t scored = 0;
+};
+
+// Called once per router layer during the backward pass with the router's forward cache; it
+// may add an auxiliary gradient dL/ds [T, G] into ds_extra (zeroed before the call), e.g. a
+// balancing loss, or just observe the assignment.
+using RouterAuxHook = std::function<void(int64_t router, const RouterCache& cache, float* ds_extra)>;
+
+struct BackwardOptions {
+  // Keep every layer's activations when they fit in this many bytes; otherwise keep only each
+  // layer's input and recompute the rest during the backward pass.
+  double keep_activations_bytes = 2.0 * (1 << 30);
+  int force_recompute = -1;  // -1: decide by the budget; 0: keep; 1: recompute
+};
+
+// Loss L = loss_scale * sum_t -log p(targets[t] | ids[0..t]) with Focus soft attention on router
+// layers. Accumulates (+=) dL/dparams of router r into (*grads)[r] (sized like its params).
+LossGrad focus_router_loss_and_grad(const Model& m, const FocusRouters& f, const TrainWindow& w, float loss_scale,
+                                    std::vector<std::vector<float>>* grads, const RouterAuxHook& hook = nullptr,
+                                    const BackwardOptions& opt = {});
+
+// The same loss without gradients (the forward part of the above); for tests and checks.
+double focus_router_loss(const Model& m, const FocusRouters& f, const TrainWindow& w, int64_t* scored = nullptr);
+
+}  // namespace focus

@@ -11,6 +11,7 @@
 #include "core/progress.h"
 #include "core/threads.h"
 #include "eval/perplexity.h"
+#include "focus/bench_attention.h"
 #include "focus/focus_model.h"
 #include "io/text.h"
 #include "io/tokenizer.h"
@@ -383,7 +384,27 @@ int main(int argc, char** argv) {
   rf->add_option("--seed", ro.seed, "seed (router init and window sampling)");
   rf->add_option("--out", ro.out, "output folder")->required();
   rf->add_flag("--resume", ro.resume, "continue from the checkpoint in --out");
+  rf->add_option("--stop-after", ro.stop_after, "end this run after N steps with a checkpoint (resume later)");
   rf->add_flag("--json", as_json, "last stdout line is a JSON object");
+
+  AttnBenchOptions bo;
+  auto* bench = app.add_subcommand("bench", "benchmarks");
+  bench->require_subcommand(1);
+  auto* ba = bench->add_subcommand("attention", "dense causal vs Focus fused vs two-call attention on random inputs");
+  ba->add_option("--n", bo.n, "tokens");
+  ba->add_option("--heads", bo.heads, "query heads H");
+  ba->add_option("--kv-heads", bo.kv_heads, "key/value heads (default: --heads)");
+  ba->add_option("--dim", bo.dim, "head dimension");
+  ba->add_option("--window", bo.window, "Focus local window");
+  ba->add_option("--groups", bo.groups, "groups G");
+  ba->add_option("--topk", bo.topk, "groups per token (1 or 2)");
+  ba->add_option("--sinks", bo.sinks, "sink tokens");
+  ba->add_option("--reps", bo.reps, "timed repetitions (median, after a warm-up)");
+  ba->add_option("--dense-reps", bo.dense_reps, "dense repetitions (-1: as --reps, 0: skip dense)");
+  ba->add_option("--seed", bo.seed, "seed of the random inputs and router");
+  ba->add_flag("--json", bo.json, "last stdout line is a JSON object");
+  bool kv_given = false;
+  ba->callback([&] { kv_given = ba->count("--kv-heads") > 0; });
 
   CLI11_PARSE(app, argc, argv);
   try {
@@ -394,6 +415,11 @@ int main(int argc, char** argv) {
     if (*tk) return cmd_tokenize(model, tokenizer, prompt, bos);
     if (*prep) return cmd_prepare(tokenizer, out);
     if (*rf) return cmd_retrofit(model, tokenizer, ro, balance, as_json);
+    if (*ba) {
+      if (!kv_given) bo.kv_heads = bo.heads;
+      bo.threads = threads;
+      return run_attention_bench(bo);
+    }
   } catch (const Error& e) {
     std::fprintf(stderr, "error: %s\n", e.what());
     return 1;

@@ -272,10 +272,11 @@ RetrofitResult run_retrofit(const Model& m, const RetrofitOptions& o) {
   auto last_ckpt = std::chrono::steady_clock::now();
   const int64_t tokens_per_step = o.batch * (o.ctx - 1);
   int64_t step = ck.step;
+  const int64_t first_step = ck.step;
   double run_tokens = 0;
   const auto run_start = std::chrono::steady_clock::now();
   while (step < o.steps) {
-    if (interrupted()) {
+    if (interrupted() || (o.stop_after > 0 && step - first_step >= o.stop_after)) {
       res.interrupted = true;
       break;
     }

@@ -28,6 +28,8 @@ struct RetrofitOptions {
   double checkpoint_seconds = 300;        // atomic checkpoint at least this often (and at the end)
   std::string out;                        // output folder
   bool resume = false;
+  int64_t stop_after = 0;                 // end this run after N steps (0: run to --steps), as
+                                          // an interruption: checkpoint written, --resume goes on
   uint64_t seed = 1;
   bool progress = true;
 };

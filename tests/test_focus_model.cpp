@@ -6,6 +6,7 @@
 #include <cstring>
 #include <vector>
 
+#include "eval/groups_report.h"
 #include "focus/focus_model.h"
 #include "model/model.h"
 #include "test_util.h"
@@ -90,9 +91,9 @@ TEST(FocusModel, CausalInSoftAndHardMode) {
   FOCUS_NEED_FILE(stories());
   auto m = load_model(stories(), LoadOptions{"", false});
   const int64_t N = 260, D = m->cfg.dim;
-  for (FocusMode mode : {FocusMode::Soft, FocusMode::Hard})
+  for (FocusMode mode : {FocusMode::Soft, FocusMode::Hard, FocusMode::Window})
     for (int topk : {1, 2}) {
-      if (mode == FocusMode::Soft && topk == 2) continue;
+      if (mode != FocusMode::Hard && topk == 2) continue;
       FocusRouters f = random_routers(*m, mode, 16, topk);
       auto ids = some_ids(N, m->cfg.vocab, 4);
       const auto base = run(*m, ids, &f);
@@ -125,4 +126,30 @@ TEST(FocusModel, RouterFilesRoundTrip) {
   const auto ids = some_ids(120, m->cfg.vocab, 5);
   const auto a = run(*m, ids, &f), b = run(*m, ids, &g);
   EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)), 0);
+}
+
+TEST(FocusModel, GroupsReportCountsEveryMembership) {
+  FOCUS_NEED_FILE(stories());
+  auto m = load_model(stories(), LoadOptions{test::data_path("models/stories260K/tok512.bin")});
+  const auto ids = some_ids(700, m->cfg.vocab, 6);
+  for (int topk : {1, 2}) {
+    FocusRouters f = random_routers(*m, FocusMode::Hard, 16, topk, 8);
+    const GroupsReport r = groups_report(*m, f, ids, 256, 0, 5, false);
+    EXPECT_EQ(r.tokens, 700);
+    EXPECT_EQ(r.windows, 3);  // 255 text tokens per window after BOS
+    ASSERT_EQ(r.layers.size(), f.routers.size());
+    for (const auto& l : r.layers) {
+      int64_t total = 0, mx = 0;
+      for (const auto& g : l.groups) {
+        total += g.size;
+        mx = std::max(mx, g.size);
+        int64_t in_top = 0;
+        for (const auto& [id, c] : g.top) in_top += c;
+        EXPECT_LE(in_top, g.size);
+        EXPECT_LE(g.top.size(), 5u);
+      }
+      EXPECT_EQ(total, 700 * topk) << "layer " << l.layer;
+      EXPECT_NEAR(l.max_over_mean, (double)mx * 8 / total, 1e-12);
+    }
+  }
 }

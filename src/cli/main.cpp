@@ -10,6 +10,7 @@
 #include "core/error.h"
 #include "core/progress.h"
 #include "core/threads.h"
+#include "eval/groups_report.h"
 #include "eval/perplexity.h"
 #include "focus/bench_attention.h"
 #include "focus/focus_model.h"
@@ -89,7 +90,7 @@ struct FocusFlags {
   uint64_t seed = 1;
   void add(CLI::App* app) {
     app->add_option("--focus", dir, "router folder (focus.json + router.safetensors), or 'random'");
-    app->add_option("--mode", mode, "Focus mode: soft (training form), hard (top-k sparse) or off");
+    app->add_option("--mode", mode, "Focus mode: soft (training form), hard (top-k sparse), window (local window + sinks only) or off");
     app->add_option("--topk", topk, "hard mode: groups kept per token (1 or 2)");
     app->add_option("--window", window, "Focus local window (default 64)");
     app->add_option("--sinks", sinks, "sink tokens visible to all (default 1)");
@@ -128,20 +129,41 @@ struct FocusFlags {
   }
 };
 
+// The text files prepared (Gutenberg boilerplate, BOM, CRLF) and tokenized, concatenated.
+std::vector<int32_t> text_tokens(const Model& m, const std::vector<std::string>& texts, int64_t max_tokens) {
+  std::vector<int32_t> ids;
+  for (const auto& path : texts) {
+    const std::string text = io::load_text(path);
+    auto t = m.tok->encode(text, false);
+    FOCUS_CHECK(!t.empty(), path, ": the text encodes to no tokens");
+    ids.insert(ids.end(), t.begin(), t.end());
+  }
+  if (max_tokens > 0 && (int64_t)ids.size() > max_tokens) ids.resize(max_tokens);
+  return ids;
+}
+
+int cmd_groups(const std::string& model, const std::string& tokenizer, const std::vector<std::string>& texts,
+               int64_t ctx, int64_t max_tokens, int top_n, bool as_json, const FocusFlags& ff) {
+  LoadOptions lo;
+  lo.tokenizer = tokenizer;
+  auto m = load_model(model, lo);
+  FOCUS_CHECK(!ff.dir.empty(), "groups: give --focus DIR (routers to inspect)");
+  auto focus = ff.make(*m);
+  const std::vector<int32_t> ids = text_tokens(*m, texts, max_tokens);
+  install_interrupt_handler();
+  const GroupsReport r = groups_report(*m, *focus, ids, ctx, max_tokens, top_n, true);
+  std::fputs(groups_report_text(*m, r).c_str(), stdout);
+  if (as_json) std::cout << groups_report_json(*m, r).dump(-1, ' ', false, json::error_handler_t::replace) << "\n";
+  return interrupted() ? 130 : 0;
+}
+
 int cmd_eval(const std::string& model, const std::string& tokenizer, const std::vector<std::string>& texts,
              int64_t ctx, int64_t stride, int64_t max_tokens, bool no_bos, bool as_json, const FocusFlags& ff) {
   LoadOptions lo;
   lo.tokenizer = tokenizer;
   auto m = load_model(model, lo);
   auto focus = ff.make(*m);
-  std::vector<int32_t> ids;
-  for (const auto& path : texts) {
-    const std::string text = io::load_text(path);
-    auto t = m->tok->encode(text, false);
-    FOCUS_CHECK(!t.empty(), path, ": the text encodes to no tokens");
-    ids.insert(ids.end(), t.begin(), t.end());
-  }
-  if (max_tokens > 0 && (int64_t)ids.size() > max_tokens) ids.resize(max_tokens);
+  const std::vector<int32_t> ids = text_tokens(*m, texts, max_tokens);
   PplOptions o;
   o.ctx = ctx;
   o.stride = stride;
@@ -158,9 +180,9 @@ int cmd_eval(const std::string& model, const std::string& tokenizer, const std::
                  (s.mode == FocusMode::Hard ? ", top-" + std::to_string(s.topk) : "") + ", " +
                  std::to_string(focus->routers.size()) + " routers)";
     std::printf("focus %s\n", focus_desc.c_str());
-    if (s.mode == FocusMode::Hard && r.focus.layers > 0)
-      std::printf("hard pattern: density %.4f of causal pairs, group load max/mean %.2f (worst layer)\n",
-                  r.focus.density(), r.focus.load_max_over_mean);
+    if ((s.mode == FocusMode::Hard || s.mode == FocusMode::Window) && r.focus.layers > 0)
+      std::printf("%s pattern: density %.4f of causal pairs, group load max/mean %.2f (worst layer)\n",
+                  to_string(s.mode).c_str(), r.focus.density(), r.focus.load_max_over_mean);
   }
   const double tps = r.processed / std::max(r.seconds, 1e-9);
   std::printf("model %s | ctx %lld | tokens scored %lld in %lld windows | nll %.5f | ppl %.4f | %.1f tok/s%s\n",
@@ -171,7 +193,8 @@ int cmd_eval(const std::string& model, const std::string& tokenizer, const std::
            {"ppl", r.ppl()},   {"nll", r.nll()},           {"tokens", r.tokens},   {"windows", r.windows},
            {"tok_per_s", tps}, {"seconds", r.seconds},     {"threads", num_threads()},
            {"interrupted", r.interrupted}, {"focus", focus_desc}};
-    if (focus && focus->settings.mode == FocusMode::Hard && r.focus.layers > 0) {
+    if (focus && (focus->settings.mode == FocusMode::Hard || focus->settings.mode == FocusMode::Window) &&
+        r.focus.layers > 0) {
       j["density"] = r.focus.density();
       j["load_max_over_mean"] = r.focus.load_max_over_mean;
     }
@@ -279,6 +302,7 @@ int cmd_retrofit(const std::string& model, const std::string& tokenizer, Retrofi
               (long long)r.router_params);
   std::printf("validation perplexity (%lld tokens)      before      after\n", (long long)r.before.tokens);
   row("pretrained (full attention)", r.before.ppl_pretrained, r.before.ppl_pretrained);
+  row("sliding window + sinks only", r.before.ppl_window, r.before.ppl_window);
   row("Focus soft", r.before.ppl_soft, r.after.ppl_soft);
   row("Focus hard top-1", r.before.ppl_hard, r.after.ppl_hard);
   if (r.after.ppl_hard_k2 > 0) row("Focus hard top-2", r.before.ppl_hard_k2, r.after.ppl_hard_k2);
@@ -287,6 +311,7 @@ int cmd_retrofit(const std::string& model, const std::string& tokenizer, Retrofi
   std::printf("routers written to %s (focus.json, router.safetensors, metrics.jsonl)\n", o.out.c_str());
   if (as_json) {
     json j{{"valid_ppl_pretrained", r.before.ppl_pretrained},
+           {"valid_ppl_window", r.before.ppl_window},
            {"valid_ppl_soft", r.after.ppl_soft},
            {"valid_ppl_hard", r.after.ppl_hard},
            {"valid_ppl_hard_k2", r.after.ppl_hard_k2},
@@ -387,6 +412,18 @@ int main(int argc, char** argv) {
   rf->add_option("--stop-after", ro.stop_after, "end this run after N steps with a checkpoint (resume later)");
   rf->add_flag("--json", as_json, "last stdout line is a JSON object");
 
+  int top_n = 8;
+  FocusFlags gf;
+  auto* gr = app.add_subcommand("groups", "what the routers learned: group sizes and frequent tokens per layer");
+  gr->add_option("--model", model, "MODEL")->required();
+  gr->add_option("--tokenizer", tokenizer, "tokenizer file (llama2.c models)");
+  gr->add_option("--text", texts, "text files")->required();
+  gr->add_option("--ctx", ctx, "window length in tokens (incl. BOS)");
+  gr->add_option("--max-tokens", max_tokens, "use only the first T text tokens");
+  gr->add_option("--top", top_n, "tokens listed per group");
+  gr->add_flag("--json", as_json, "last stdout line is a JSON object");
+  gf.add(gr);
+
   AttnBenchOptions bo;
   auto* bench = app.add_subcommand("bench", "benchmarks");
   bench->require_subcommand(1);
@@ -415,6 +452,7 @@ int main(int argc, char** argv) {
     if (*tk) return cmd_tokenize(model, tokenizer, prompt, bos);
     if (*prep) return cmd_prepare(tokenizer, out);
     if (*rf) return cmd_retrofit(model, tokenizer, ro, balance, as_json);
+    if (*gr) return cmd_groups(model, tokenizer, texts, ctx, max_tokens, top_n, as_json, gf);
     if (*ba) {
       if (!kv_given) bo.kv_heads = bo.heads;
       bo.threads = threads;

@@ -17,7 +17,8 @@ FocusMode parse_focus_mode(const std::string& s) {
   if (s == "off") return FocusMode::Off;
   if (s == "soft") return FocusMode::Soft;
   if (s == "hard") return FocusMode::Hard;
-  fail("unknown Focus mode '", s, "' (expected soft, hard or off)");
+  if (s == "window") return FocusMode::Window;
+  fail("unknown Focus mode '", s, "' (expected soft, hard, window or off)");
 }
 
 std::string to_string(FocusMode m) {
@@ -25,6 +26,7 @@ std::string to_string(FocusMode m) {
     case FocusMode::Off: return "off";
     case FocusMode::Soft: return "soft";
     case FocusMode::Hard: return "hard";
+    case FocusMode::Window: return "window";
   }
   return "?";
 }

@@ -10,8 +10,10 @@
 
 namespace focus {
 
-enum class FocusMode { Off, Soft, Hard };
-FocusMode parse_focus_mode(const std::string& s);  // "off" | "soft" | "hard"
+// Off: plain attention. Soft: the training form (log-bias). Hard: top-k sparse (inference).
+// Window: local window and sinks only, no groups (the sliding-window baseline; routers unused).
+enum class FocusMode { Off, Soft, Hard, Window };
+FocusMode parse_focus_mode(const std::string& s);  // "off" | "soft" | "hard" | "window"
 std::string to_string(FocusMode m);
 
 struct FocusSettings {
@@ -47,6 +49,9 @@ struct FocusStats {
   double causal_pairs = 0;    // causal pairs over the same layers
   double load_max_over_mean = 0;  // worst layer's largest group / mean group size
   int64_t layers = 0;
+  // When not null, hard mode stores each routed layer's memberships here: (*groups)[layer] =
+  // [T, topk] group ids of the last forward call (layers without Focus stay empty).
+  std::vector<std::vector<int32_t>>* groups = nullptr;
   double density() const { return causal_pairs > 0 ? computed_pairs / causal_pairs : 1.0; }
 };
 

@@ -33,9 +33,33 @@ void norm(const ModelConfig& c, const float* x, const float* w, const float* b, 
 
 // Focus attention of one layer over positions 0 .. T-1: route xn, then the soft (biased) or the
 // hard (sparse) kernel.
-void focus_attention_layer(const ModelConfig& c, const FocusRouters& F, const RouterParams& rp, const float* xn,
+void focus_attention_layer(const ModelConfig& c, int64_t layer, const FocusRouters& F, const RouterParams& rp, const float* xn,
                            const float* q, const float* k, const float* v, float* att, int64_t T, FocusStats* stats) {
   const FocusSettings& fs = F.settings;
+  if (fs.mode == FocusMode::Window) {
+    FocusAttnShape s;
+    s.n = T;
+    s.heads = c.heads;
+    s.kv_heads = c.kv_heads;
+    s.head_dim = c.head_dim;
+    s.q_stride = c.q_dim();
+    s.kv_stride = c.kv_dim();
+    s.o_stride = c.q_dim();
+    s.scale = c.attn_scale;
+    s.window = fs.window;
+    s.sinks = fs.sinks;
+    focus_window_attention(q, k, v, att, nullptr, s);
+    if (stats) {
+      const double w = (double)std::min(fs.window, T), S = (double)std::min(fs.sinks, T);
+      // Window pairs, plus sink keys j < S outside the window of rows i >= w.
+      double pairs = w * (w + 1) / 2 + (double)(T - (int64_t)w) * w;
+      for (int64_t j = 0; j < (int64_t)S; ++j) pairs += (double)std::max<int64_t>(0, T - (j + fs.window));
+      stats->computed_pairs += pairs;
+      stats->causal_pairs += 0.5 * (double)T * (double)(T + 1);
+      stats->layers++;
+    }
+    return;
+  }
   RouterCache rc;
   router_forward(rp, xn, T, rc);
   if (fs.mode == FocusMode::Soft) {
@@ -67,6 +91,10 @@ void focus_attention_layer(const ModelConfig& c, const FocusRouters& F, const Ro
   s.window = fs.window;
   s.sinks = fs.sinks;
   focus_attention_fused(q, k, v, att, nullptr, s, routing);
+  if (stats && stats->groups) {
+    if ((int64_t)stats->groups->size() < c.layers) stats->groups->resize(c.layers);
+    (*stats->groups)[layer] = groups;
+  }
   if (stats) {
     stats->computed_pairs += (double)focus_pair_count(routing, T, fs.window, fs.sinks);
     stats->causal_pairs += 0.5 * (double)T * (double)(T + 1);
@@ -128,7 +156,7 @@ void forward(const Model& m, const int32_t* ids, int64_t T, KVCache& cache, floa
     if (ri >= 0 && window == 0 && pos0 + T > focus->settings.window) {
       FOCUS_CHECK(pos0 == 0, "Focus attention over a filled KV cache (incremental decoding) is not supported yet; "
                              "run the whole context in one call");
-      focus_attention_layer(c, *focus, focus->routers[ri], xn.data(), q.data(), cache.k[l].data(),
+      focus_attention_layer(c, l, *focus, focus->routers[ri], xn.data(), q.data(), cache.k[l].data(),
                             cache.v[l].data(), att.data(), T, stats);
     } else {
       cpu::AttnShape s{T, pos0 + T, pos0, c.heads, c.kv_heads, c.head_dim, c.q_dim(), c.kv_dim(), c.q_dim(),

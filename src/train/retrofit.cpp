@@ -38,7 +38,7 @@ const char* balance_name(Balance b) { return b == Balance::Swav ? "swav" : b == 
 double ppl_of(double nll, int64_t n) { return n > 0 ? std::exp(nll / n) : 0; }
 
 json valid_json(const ValidResult& v) {
-  return {{"ppl_pretrained", v.ppl_pretrained}, {"ppl_soft", v.ppl_soft},           {"ppl_hard", v.ppl_hard},
+  return {{"ppl_pretrained", v.ppl_pretrained}, {"ppl_window", v.ppl_window}, {"ppl_soft", v.ppl_soft},           {"ppl_hard", v.ppl_hard},
           {"ppl_hard_k2", v.ppl_hard_k2},       {"density_hard", v.density_hard}, {"load_max_over_mean", v.load_max_over_mean},
           {"tokens", v.tokens}};
 }
@@ -46,6 +46,7 @@ json valid_json(const ValidResult& v) {
 ValidResult valid_from_json(const json& j) {
   ValidResult v;
   v.ppl_pretrained = j.value("ppl_pretrained", 0.0);
+  v.ppl_window = j.value("ppl_window", 0.0);
   v.ppl_soft = j.value("ppl_soft", 0.0);
   v.ppl_hard = j.value("ppl_hard", 0.0);
   v.ppl_hard_k2 = j.value("ppl_hard_k2", 0.0);
@@ -153,19 +154,24 @@ ValidResult validate(const Model& m, const FocusRouters& f, const std::vector<st
   FocusRouters soft = f, hard = f;
   soft.settings.mode = FocusMode::Soft;
   hard.settings.mode = FocusMode::Hard;
-  FocusRouters hard2 = hard;
+  FocusRouters hard2 = hard, win = f;
+  win.settings.mode = FocusMode::Window;
   hard2.settings.topk = 2;
-  double nll_pre = 0, nll_soft = 0, nll_hard = 0, nll_hard2 = 0;
+  double nll_win = 0, nll_pre = 0, nll_soft = 0, nll_hard = 0, nll_hard2 = 0;
   FocusStats st;
   for (size_t w = 0; w < ids.size(); ++w) {
     int64_t n = 0;
-    if (with_pretrained) nll_pre += window_nll(m, ids[w], targets[w], nullptr, nullptr, &n);
+    if (with_pretrained) {
+      nll_pre += window_nll(m, ids[w], targets[w], nullptr, nullptr, &n);
+      nll_win += window_nll(m, ids[w], targets[w], &win, nullptr, &n);
+    }
     nll_soft += window_nll(m, ids[w], targets[w], &soft, nullptr, &n);
     nll_hard += window_nll(m, ids[w], targets[w], &hard, &st, &n);
     if (f.settings.groups >= 2) nll_hard2 += window_nll(m, ids[w], targets[w], &hard2, nullptr, &n);
     v.tokens += n;
   }
   v.ppl_pretrained = with_pretrained ? ppl_of(nll_pre, v.tokens) : 0;
+  v.ppl_window = with_pretrained ? ppl_of(nll_win, v.tokens) : 0;
   v.ppl_soft = ppl_of(nll_soft, v.tokens);
   v.ppl_hard = ppl_of(nll_hard, v.tokens);
   v.ppl_hard_k2 = f.settings.groups >= 2 ? ppl_of(nll_hard2, v.tokens) : 0;
@@ -336,6 +342,7 @@ RetrofitResult run_retrofit(const Model& m, const RetrofitOptions& o) {
   }
   res.after = validate(m, f, vids, vtgt, false);
   res.after.ppl_pretrained = res.before.ppl_pretrained;
+  res.after.ppl_window = res.before.ppl_window;
   log({{"step", step}, {"valid", valid_json(res.after)}, {"final", true}});
   return res;
 }

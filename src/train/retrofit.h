@@ -35,7 +35,7 @@ struct RetrofitOptions {
 };
 
 struct ValidResult {
-  double ppl_pretrained = 0, ppl_soft = 0, ppl_hard = 0, ppl_hard_k2 = 0;
+  double ppl_pretrained = 0, ppl_window = 0, ppl_soft = 0, ppl_hard = 0, ppl_hard_k2 = 0;
   double density_hard = 0, load_max_over_mean = 0;
   int64_t tokens = 0;
 };
@@ -48,8 +48,8 @@ struct RetrofitResult {
   int64_t router_params = 0;
 };
 
-// Validation perplexities of the pretrained model and of the routers (soft, hard top-k) on the
-// same windows.
+// Validation perplexities of the pretrained model, the sliding-window baseline (with_pretrained)
+// and of the routers (soft, hard top-k) on the same windows.
 ValidResult validate(const Model& m, const FocusRouters& f, const std::vector<std::vector<int32_t>>& ids,
                      const std::vector<std::vector<int32_t>>& targets, bool with_pretrained);
 

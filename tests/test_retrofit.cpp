@@ -108,23 +108,29 @@ TEST(Retrofit, InterruptedRunResumesToTheSameBits) {
   FOCUS_NEED_FILE(stories());
   FOCUS_NEED_FILE(book("pg-345-dracula.txt"));
   auto m = load_model(stories(), LoadOptions{tok()});
-  const std::string a = ::testing::TempDir() + "/focus_retrofit_a", b = ::testing::TempDir() + "/focus_retrofit_b";
-  RetrofitOptions oa = small_run(a);
-  oa.steps = 10;
-  run_retrofit(*m, oa);
+  RetrofitOptions ob;
+  for (Balance bal : {Balance::None, Balance::Bias, Balance::Swav}) {
+    const std::string a = ::testing::TempDir() + "/focus_retrofit_a", b = ::testing::TempDir() + "/focus_retrofit_b";
+    RetrofitOptions oa = small_run(a);
+    oa.steps = 10;
+    oa.balance = bal;
+    run_retrofit(*m, oa);
 
-  RetrofitOptions ob = small_run(b);
-  ob.steps = 10;
-  ob.stop_after = 4;
-  const RetrofitResult first = run_retrofit(*m, ob);
-  EXPECT_TRUE(first.interrupted);
-  EXPECT_EQ(first.steps, 4);
-  ob.stop_after = 0;
-  ob.resume = true;
-  const RetrofitResult second = run_retrofit(*m, ob);
-  EXPECT_FALSE(second.interrupted);
-  EXPECT_EQ(second.steps, 10);
-  EXPECT_EQ(router_params(a, m->cfg), router_params(b, m->cfg));
+    ob = small_run(b);
+    ob.steps = 10;
+    ob.balance = bal;
+    ob.stop_after = 4;
+    const RetrofitResult first = run_retrofit(*m, ob);
+    EXPECT_TRUE(first.interrupted);
+    EXPECT_EQ(first.steps, 4);
+    ob.stop_after = 0;
+    ob.resume = true;
+    const RetrofitResult second = run_retrofit(*m, ob);
+    EXPECT_FALSE(second.interrupted);
+    EXPECT_EQ(second.steps, 10);
+    EXPECT_EQ(router_params(a, m->cfg), router_params(b, m->cfg)) << "balance " << (int)bal;
+    EXPECT_EQ(load_focus(a, m->cfg).routers[0].bias, load_focus(b, m->cfg).routers[0].bias);
+  }
 
   // Resuming with other settings is refused, naming the checkpoint.
   RetrofitOptions oc = ob;

@@ -73,7 +73,7 @@ struct Checkpoint {
 };
 
 void save_checkpoint(const std::string& path, const FocusRouters& f, const AdamWState& st, const Checkpoint& c,
-                     const json& identity) {
+                     const json& identity, const std::vector<BiasBalancer>& balancers) {
   std::map<std::string, io::F32Tensor> t;
   for (size_t r = 0; r < f.routers.size(); ++r) {
     const auto& rp = f.routers[r];
@@ -84,13 +84,19 @@ void save_checkpoint(const std::string& path, const FocusRouters& f, const AdamW
       t[p + "adam_m"] = {{(int64_t)st.m[r].size()}, st.m[r]};
       t[p + "adam_v"] = {{(int64_t)st.v[r].size()}, st.v[r]};
     }
+
   }
   json meta = {{"step", c.step},         {"adam_t", st.t},          {"train_tokens", c.train_tokens},
                {"seconds", c.seconds},   {"before", valid_json(c.before)}, {"identity", identity}};
+  // Running group loads of the bias balancer, in JSON (doubles round-trip exactly).
+  json loads = json::array();
+  for (const auto& b : balancers) loads.push_back(b.load);
+  meta["balance_load"] = loads;
   io::save_safetensors(path, t, {{"focus_checkpoint", meta.dump()}});
 }
 
-Checkpoint load_checkpoint(const std::string& path, FocusRouters& f, AdamWState& st, const json& identity) {
+Checkpoint load_checkpoint(const std::string& path, FocusRouters& f, AdamWState& st, const json& identity,
+                           std::vector<BiasBalancer>& balancers) {
   io::SafetensorsFile file(path);
   const json& md = file.metadata();
   FOCUS_CHECK(md.contains("focus_checkpoint"), path, ": not a focus retrofit checkpoint");
@@ -120,6 +126,8 @@ Checkpoint load_checkpoint(const std::string& path, FocusRouters& f, AdamWState&
     };
     f.routers[r].params = get("params", f.routers[r].params.size());
     f.routers[r].bias = get("bias", f.routers[r].bias.size());
+    if (r < balancers.size() && meta.contains("balance_load") && r < meta["balance_load"].size())
+      balancers[r].load = meta["balance_load"][r].get<std::vector<double>>();
     if (st.t > 0) {
       st.m[r] = get("adam_m", f.routers[r].params.size());
       st.v[r] = get("adam_v", f.routers[r].params.size());
@@ -219,12 +227,16 @@ RetrofitResult run_retrofit(const Model& m, const RetrofitOptions& o) {
   FOCUS_CHECK(!f.routers.empty(), "retrofit: the model has no global attention layer to route");
   AdamWState st;
   Checkpoint ck;
+  std::vector<BiasBalancer> balancers;
+  if (o.balance == Balance::Bias)
+    for (size_t r = 0; r < f.routers.size(); ++r)
+      balancers.emplace_back(f.settings.groups, o.balance_weight, 0.9f, BiasRule::kSign);
   const json identity = run_identity(m, o);
   const std::string ckpt_path = (fs::path(o.out) / "checkpoint.safetensors").string();
   const std::string metrics_path = (fs::path(o.out) / "metrics.jsonl").string();
   bool have_before = false;
   if (o.resume && fs::exists(ckpt_path)) {
-    ck = load_checkpoint(ckpt_path, f, st, identity);
+    ck = load_checkpoint(ckpt_path, f, st, identity, balancers);
     have_before = true;
     trim_metrics(metrics_path, ck.step);
     std::fprintf(stderr, "[retrofit] resuming from %s at step %lld\n", ckpt_path.c_str(), (long long)ck.step);
@@ -252,10 +264,6 @@ RetrofitResult run_retrofit(const Model& m, const RetrofitOptions& o) {
   std::vector<std::vector<float>*> params;
   for (auto& r : f.routers) params.push_back(&r.params);
   std::vector<std::vector<float>> grads(f.routers.size());
-  std::vector<BiasBalancer> balancers;
-  if (o.balance == Balance::Bias)
-    for (size_t r = 0; r < f.routers.size(); ++r)
-      balancers.emplace_back(f.settings.groups, o.balance_weight, 0.9f, BiasRule::kSign);
 
   // Auxiliary balancing inside the backward pass: SwAV targets from Sinkhorn over the window's
   // scores (no gradient), cross-entropy against p; or load observation for the bias rule.
@@ -322,7 +330,7 @@ RetrofitResult run_retrofit(const Model& m, const RetrofitOptions& o) {
     if (!last && std::chrono::duration<double>(std::chrono::steady_clock::now() - last_ckpt).count() >=
                      o.checkpoint_seconds) {
       ck.seconds = elapsed();
-      save_checkpoint(ckpt_path, f, st, ck, identity);
+      save_checkpoint(ckpt_path, f, st, ck, identity, balancers);
       last_ckpt = std::chrono::steady_clock::now();
     }
   }
@@ -333,7 +341,7 @@ RetrofitResult run_retrofit(const Model& m, const RetrofitOptions& o) {
   const double run_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - run_start).count();
   res.tokens_per_s = run_tokens > 0 ? run_tokens / run_s : 0;
   ck.seconds = res.seconds;
-  save_checkpoint(ckpt_path, f, st, ck, identity);
+  save_checkpoint(ckpt_path, f, st, ck, identity, balancers);
   save_focus(f, o.out, m.cfg, m.path);
   if (res.interrupted) {
     std::fprintf(stderr, "[retrofit] interrupted at step %lld; checkpoint saved, continue with --resume\n",

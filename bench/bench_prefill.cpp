@@ -1,6 +1,9 @@
 // Prefill throughput of a real model and the machine's sgemm rate, measured in one run, with
-// model FLOP utilisation of the GEMM part of prefill against that sgemm peak.
-//   focus_bench [--model smollm2] [--ctx 512,2048] [--reps 3] [--threads T] [--json FILE]
+// model FLOP utilisation of the GEMM part of prefill against that sgemm peak; and the router
+// training step (Focus soft forward + backward through the frozen model) at --train-ctx, with its
+// useful-FLOP utilisation against the same sgemm peak.
+//   focus_bench [--model smollm2] [--ctx 512,2048] [--train-ctx 1024] [--reps 3] [--threads T]
+//               [--json FILE]
 #include <cblas.h>
 
 #include <algorithm>
@@ -18,6 +21,7 @@
 #include "core/threads.h"
 #include "kernels/cpu/ops.h"
 #include "model/model.h"
+#include "train/backward.h"
 
 using namespace focus;
 using Clock = std::chrono::steady_clock;
@@ -54,6 +58,7 @@ int main(int argc, char** argv) {
   std::string model = "smollm2", json_path;
   std::vector<int64_t> ctxs = {512, 2048};
   int reps = 3, threads = 0;
+  int64_t train_ctx = 1024;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     auto next = [&]() -> std::string {
@@ -67,12 +72,13 @@ int main(int argc, char** argv) {
     else if (a == "--json") json_path = next();
     else if (a == "--reps") reps = std::stoi(next());
     else if (a == "--threads") threads = std::stoi(next());
+    else if (a == "--train-ctx") train_ctx = std::stoll(next());
     else if (a == "--ctx") {
       ctxs.clear();
       std::stringstream ss(next());
       for (std::string p; std::getline(ss, p, ',');) ctxs.push_back(std::stoll(p));
     } else {
-      std::fprintf(stderr, "usage: focus_bench [--model M] [--ctx 512,2048] [--reps N] [--threads T] [--json FILE]\n");
+      std::fprintf(stderr, "usage: focus_bench [--model M] [--ctx 512,2048] [--train-ctx N (0: skip)] [--reps N] [--threads T] [--json FILE]\n");
       return 2;
     }
   }
@@ -131,6 +137,54 @@ int main(int argc, char** argv) {
       rows.push_back(row);
     }
     out["prefill"] = rows;
+
+    if (train_ctx > 0) {
+      // One router-training window: Focus soft attention on every global layer, loss over all
+      // rows, gradients of the routers only. Useful FLOPs: the GEMMs (forward and input-gradient
+      // backward, counted by the GEMM wrapper) plus attention, 4*Dh per causal pair and head
+      // forward and 8*Dh backward.
+      FocusSettings fs;
+      fs.window = 64;
+      fs.groups = 16;
+      FocusRouters f = focus_init(c, fs, 1);
+      const int64_t T = train_ctx;
+      std::vector<int32_t> ids(T), tg(T);
+      std::mt19937 rng(9);
+      for (auto& x : ids) x = (int32_t)(rng() % c.vocab);
+      for (int64_t t = 0; t < T; ++t) tg[t] = t + 1 < T ? ids[t + 1] : -1;
+      std::vector<std::vector<float>> grads(f.routers.size());
+      std::vector<double> tt, tg_s, fg;
+      for (int r = 0; r < reps + 1; ++r) {
+        for (size_t i = 0; i < grads.size(); ++i) grads[i].assign(f.routers[i].params.size(), 0.f);
+        cpu::reset_gemm_stats();
+        auto t0 = Clock::now();
+        focus_router_loss_and_grad(*m, f, TrainWindow{ids.data(), T, tg.data()}, 1.f / T, &grads);
+        const double t = seconds_since(t0);
+        if (r == 0) continue;
+        tt.push_back(t);
+        tg_s.push_back(cpu::gemm_stats().seconds);
+        fg.push_back(cpu::gemm_stats().flops);
+      }
+      double pairs = 0;
+      for (int64_t l = 0; l < c.layers; ++l) {
+        const int64_t w = c.layer_window[l];
+        for (int64_t i = 0; i < T; ++i) pairs += (double)(w > 0 ? std::min<int64_t>(w, i + 1) : i + 1);
+      }
+      const double attn_flops = 12.0 * c.head_dim * c.heads * pairs;
+      const double t = median(tt), useful = fg[0] + attn_flops;
+      nlohmann::json tr{{"ctx", T},
+                        {"train_tok_per_s", (T - 1) / t},
+                        {"step_ms", t * 1e3},
+                        {"gemm_share", median(tg_s) / t},
+                        {"useful_gflop", useful / 1e9},
+                        {"useful_gflops", useful / t / 1e9},
+                        {"utilisation_vs_sgemm_2048", useful / t / 1e9 / peak_sq}};
+      std::printf("router training ctx %lld: %.1f tok/s (%.0f ms per window) | useful %.1f GFLOP/s = %.0f%% of sgemm "
+                  "2048^3 | GEMM share of time %.0f%%\n",
+                  (long long)T, (T - 1) / t, t * 1e3, useful / t / 1e9, 100 * useful / t / 1e9 / peak_sq,
+                  100 * median(tg_s) / t);
+      out["train"] = tr;
+    }
     if (!json_path.empty()) {
       std::ofstream f(json_path);
       f << out.dump(2) << "\n";

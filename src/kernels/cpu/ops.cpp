@@ -1,4 +1,5 @@
 #include "kernels/cpu/ops.h"
+#include "kernels/cpu/ops_backward.h"
 
 #include <cblas.h>
 
@@ -37,6 +38,13 @@ void linear_acc(const float* x, const float* W, float* y, int64_t M, int64_t K, 
   GemmTimer timer(2.0 * M * N * K);
   cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)M, (int)N, (int)K, 1.0f, x, (int)K, W, (int)K, 1.0f, y,
               (int)N);
+}
+
+void linear_backward_input(const float* dy, const float* W, float* dx, int64_t M, int64_t K, int64_t N,
+                           bool accumulate) {
+  GemmTimer timer(2.0 * M * N * K);
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)M, (int)K, (int)N, 1.0f, dy, (int)N, W, (int)K,
+              accumulate ? 1.0f : 0.0f, dx, (int)K);
 }
 
 void rmsnorm(const float* x, const float* w, float* out, int64_t rows, int64_t dim, float eps) {

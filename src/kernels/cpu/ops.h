@@ -24,7 +24,7 @@ void silu_mul(float* gate, const float* up, int64_t n);
 void gelu_tanh_mul(float* gate, const float* up, int64_t n);
 void gelu_tanh(float* x, int64_t n);
 
-// Time and FLOPs spent in linear() since the last reset (for benchmarks' utilisation figures).
+// Time and FLOPs spent in linear(), linear_acc() and linear_backward_input() since the last reset (for benchmarks' utilisation figures).
 struct GemmStats {
   double seconds = 0;
   double flops = 0;

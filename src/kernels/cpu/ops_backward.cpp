@@ -1,16 +1,8 @@
 #include "kernels/cpu/ops_backward.h"
 
-#include <cblas.h>
-
 #include <cmath>
 
 namespace focus::cpu {
-
-void linear_backward_input(const float* dy, const float* W, float* dx, int64_t M, int64_t K, int64_t N,
-                           bool accumulate) {
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)M, (int)K, (int)N, 1.0f, dy, (int)N, W, (int)K,
-              accumulate ? 1.0f : 0.0f, dx, (int)K);
-}
 
 // y_i = x_i r w_i with r = (mean(x^2) + eps)^-1/2. With g_i = w_i dy_i:
 //   dx_i = r g_i - x_i r^3 (sum_j g_j x_j) / D

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The main job on the default model and text: model summary, a short greedy generation, and
-# perplexity of SmolLM2-135M-Instruct on a held-out Gutenberg book at ctx 512.
+# perplexity of SmolLM2-135M-Instruct on a Gutenberg book at ctx 512, then a short Focus
+# retrofit (routers only) with its before/after table, and sparse inference with the result.
 set -euo pipefail
 FOCUS=${1:-build/focus}
 DATA=${2:-../shared/data}
@@ -14,3 +15,13 @@ echo "== focus generate (greedy)"
 echo
 echo "== focus eval: perplexity on Sherlock Holmes, ctx 512, first 8192 tokens"
 "$FOCUS" eval --model smollm2 --text "$BOOK" --ctx 512 --max-tokens 8192 --json
+echo
+echo "== focus retrofit: train the routers of the frozen model on two books, validate on a third"
+OUT=${FOCUS_DEMO_OUT:-build/demo_routers}
+"$FOCUS" retrofit --model smollm2 --train "$BOOK" "$DATA/text/pg-1342-pride-and-prejudice.txt" \
+  --valid "$DATA/text/pg-345-dracula.txt" --ctx 1024 --window 64 --groups 16 --dg 16 \
+  --steps 12 --batch 2 --lr 5e-3 --warmup 2 --eval-every 0 --valid-windows 4 --out "$OUT"
+echo
+echo "== focus eval with the trained routers, hard top-2 sparse attention (Dracula, ctx 1024)"
+"$FOCUS" eval --model smollm2 --text "$DATA/text/pg-345-dracula.txt" --ctx 1024 --max-tokens 4092 \
+  --focus "$OUT" --mode hard --topk 2

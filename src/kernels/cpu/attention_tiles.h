@@ -1,6 +1,6 @@
 // Vectorised building blocks of flash-style attention on the CPU: a tile of up to kBq queries
 // visits tiles of kBk keys, keeping an online softmax (running max m, running sum l, unnormalised
-// output o) per query row. 16-float vectors via GCC vector extensions (one AVX-512 register).
+// output o) per query row. 16-float vectors via GCC vector extensions (one AVX-512 register, or two AVX2 registers).
 //
 // Layouts inside a tile (hdp = head_dim rounded up to 16, padding zero):
 //   q  [kBq][hdp]   queries, already multiplied by the softmax scale
@@ -51,11 +51,24 @@ inline void store(float* p, v16 x) { std::memcpy(p, &x, sizeof(x)); }
 // A load kept in a register: stops the compiler from folding it into every FMA that uses it,
 // which would turn one load per micro-kernel step into one per row.
 inline v16 load_reg(const float* p) {
+#if defined(__x86_64__) && defined(__AVX512F__)
   v16 r = load(p);
-#if defined(__x86_64__)
   asm("" : "+v"(r));
-#endif
   return r;
+#elif defined(__x86_64__) && defined(__AVX__)
+  // Without AVX-512 a 16-float vector is two 8-float registers: pin each half.
+  typedef float v8 __attribute__((vector_size(32)));
+  v8 lo, hi;
+  std::memcpy(&lo, p, sizeof(lo));
+  std::memcpy(&hi, p + 8, sizeof(hi));
+  asm("" : "+x"(lo), "+x"(hi));
+  v16 r;
+  std::memcpy(&r, &lo, sizeof(lo));
+  std::memcpy(reinterpret_cast<char*>(&r) + sizeof(lo), &hi, sizeof(hi));
+  return r;
+#else
+  return load(p);
+#endif
 }
 inline v16 vmax(v16 a, v16 b) { return a > b ? a : b; }
 inline v16 select(vi16 mask, v16 a, v16 b) { return (v16)((mask & (vi16)a) | (~mask & (vi16)b)); }

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "eval/perplexity.h"
 #include "eval/tasks.h"
 #include "focus/focus_model.h"
 #include "kernels/cpu/ops.h"
@@ -487,4 +488,39 @@ TEST(TasksScore, FocusRoutersAreUsed) {
   EXPECT_TRUE(std::isfinite(sparse.ll));
   EXPECT_NE(sparse.ll, plain.ll);
   EXPECT_EQ(sparse.tokens, plain.tokens);
+}
+
+TEST(TasksScore, PrefixReuseEqualsFreshForwards) {
+  FOCUS_NEED_FILE(stories());
+  FOCUS_NEED_FILE(tok512());
+  auto m = load_model(stories(), LoadOptions{tok512()});
+  // Requests that share a long prefix, one that shares nothing, then the first one again.
+  const std::string ctx = "Once upon a time, there was a little girl named Lily. She loved to play";
+  const std::vector<std::string> conts = {" outside in the park.", " with her dog.", " outside with her friends."};
+  std::vector<ChoiceTokens> reqs;
+  for (const auto& c : conts) reqs.push_back(tokenize_choice(*m, ctx, c));
+  reqs.push_back(tokenize_choice(*m, "Tom had a red ball.", " He threw it far."));
+  reqs.push_back(reqs[0]);
+  PrefixScorer scorer(*m, nullptr);
+  int64_t total = 0;
+  for (const auto& r : reqs) {
+    int64_t s1 = 0, s2 = 0;
+    const double a = scorer.nll(r.ids, r.targets, &s1);
+    const double b = window_nll(*m, r.ids, r.targets, nullptr, nullptr, &s2);
+    EXPECT_EQ(s1, s2);
+    EXPECT_NEAR(a, b, 1e-5 * std::max(1.0, std::fabs(b)));
+    total += (int64_t)r.ids.size();
+  }
+  EXPECT_EQ(scorer.reused_tokens() + scorer.computed_tokens(), total);
+  EXPECT_GT(scorer.reused_tokens(), 30);  // the shared context ran once, not three times
+  // With active Focus routers nothing is reused.
+  FocusSettings fs;
+  fs.window = 4;
+  const FocusRouters f = focus_init(m->cfg, fs, 3);
+  PrefixScorer fscorer(*m, &f);
+  for (const auto& r : reqs) {
+    int64_t s = 0;
+    EXPECT_NEAR(fscorer.nll(r.ids, r.targets, &s), window_nll(*m, r.ids, r.targets, &f, nullptr, nullptr), 1e-6);
+  }
+  EXPECT_EQ(fscorer.reused_tokens(), 0);
 }

@@ -2,6 +2,8 @@
 #include <CLI/CLI.hpp>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <nlohmann/json.hpp>
@@ -12,12 +14,15 @@
 #include "core/threads.h"
 #include "eval/groups_report.h"
 #include "eval/perplexity.h"
+#include "eval/tasks.h"
 #include "focus/bench_attention.h"
 #include "focus/focus_model.h"
 #include "io/text.h"
 #include "io/tokenizer.h"
 #include "kernels/cpu/ops.h"
 #include "model/model.h"
+#include "train/lora.h"
+#include "train/lora_train.h"
 #include "train/retrofit.h"
 
 using namespace focus;
@@ -158,10 +163,15 @@ int cmd_groups(const std::string& model, const std::string& tokenizer, const std
 }
 
 int cmd_eval(const std::string& model, const std::string& tokenizer, const std::vector<std::string>& texts,
-             int64_t ctx, int64_t stride, int64_t max_tokens, bool no_bos, bool as_json, const FocusFlags& ff) {
+             int64_t ctx, int64_t stride, int64_t max_tokens, bool no_bos, bool as_json, const FocusFlags& ff,
+             const std::string& lora_dir) {
   LoadOptions lo;
   lo.tokenizer = tokenizer;
   auto m = load_model(model, lo);
+  if (!lora_dir.empty()) {
+    load_and_apply_lora(*m, lora_dir);  // adapters merged into the weights
+    std::printf("lora %s merged\n", lora_dir.c_str());
+  }
   auto focus = ff.make(*m);
   const std::vector<int32_t> ids = text_tokens(*m, texts, max_tokens);
   PplOptions o;
@@ -193,6 +203,7 @@ int cmd_eval(const std::string& model, const std::string& tokenizer, const std::
            {"ppl", r.ppl()},   {"nll", r.nll()},           {"tokens", r.tokens},   {"windows", r.windows},
            {"tok_per_s", tps}, {"seconds", r.seconds},     {"threads", num_threads()},
            {"interrupted", r.interrupted}, {"focus", focus_desc}};
+    if (!lora_dir.empty()) j["lora"] = lora_dir;
     if (focus && (focus->settings.mode == FocusMode::Hard || focus->settings.mode == FocusMode::Window) &&
         r.focus.layers > 0) {
       j["density"] = r.focus.density();
@@ -330,6 +341,102 @@ int cmd_retrofit(const std::string& model, const std::string& tokenizer, Retrofi
   return r.interrupted ? 130 : 0;
 }
 
+int cmd_lora(const std::string& model, const std::string& tokenizer, LoraOptions o, bool as_json) {
+  LoadOptions lo;
+  lo.tokenizer = tokenizer;
+  auto m = load_model(model, lo);
+  const LoraResult r = run_lora(*m, o);
+  std::printf("\nLoRA of %s: rank %lld, alpha %g, targets %s, %lld steps, %lld training tokens, %.1f tok/s, "
+              "%lld adapter parameters\n",
+              m->path.c_str(), (long long)r.settings.rank, r.settings.alpha, r.settings.targets.c_str(),
+              (long long)r.steps, (long long)r.train_tokens, r.tokens_per_s, (long long)r.params);
+  if (r.interrupted)
+    std::printf("validation perplexity (%lld tokens): pretrained %.3f (interrupted: no final validation)\n",
+                (long long)r.before.tokens, r.before.ppl_pretrained);
+  else
+    std::printf("validation perplexity (%lld tokens): pretrained %.3f, LoRA merged %.3f\n", (long long)r.before.tokens,
+                r.before.ppl_pretrained, r.after.ppl_lora);
+  std::printf("adapters written to %s (lora.json, lora.safetensors, metrics.jsonl)\n", o.out.c_str());
+  if (as_json) {
+    json j{{"valid_ppl_pretrained", r.before.ppl_pretrained},
+           {"valid_ppl_lora", r.interrupted ? 0.0 : r.after.ppl_lora},
+           {"valid_tokens", r.before.tokens},
+           {"train_tokens", r.train_tokens},
+           {"tokens_per_s", r.tokens_per_s},
+           {"steps", r.steps},
+           {"params", r.params},
+           {"rank", r.settings.rank},
+           {"alpha", r.settings.alpha},
+           {"targets", r.settings.targets},
+           {"interrupted", r.interrupted},
+           {"out", o.out}};
+    std::cout << j.dump() << "\n";
+  }
+  return r.interrupted ? 130 : 0;
+}
+
+// The bench folder: --bench-dir, else $FOCUS_DATA/bench, else ../shared/data/bench.
+std::string default_bench_dir() {
+  if (const char* d = std::getenv("FOCUS_DATA"); d && *d) return std::string(d) + "/bench";
+  return "../shared/data/bench";
+}
+
+int cmd_bench_tasks(const std::string& model, const std::string& tokenizer, std::string bench_dir,
+                    std::vector<std::string> tasks, int64_t limit, bool list_only, bool as_json, const FocusFlags& ff,
+                    const std::string& lora_dir) {
+  if (bench_dir.empty()) bench_dir = default_bench_dir();
+  if (list_only) {
+    for (const auto& t : known_tasks()) {
+      const bool present = std::filesystem::is_regular_file(std::filesystem::path(bench_dir) / t.rel_path);
+      std::printf("%-16s %-8s %6lld items  %s\n", t.name.c_str(), present ? "present" : "missing",
+                  (long long)t.expected_items, t.description.c_str());
+    }
+    return 0;
+  }
+  FOCUS_CHECK(std::filesystem::is_directory(bench_dir), bench_dir,
+              ": no such folder (give --bench-dir, or set FOCUS_DATA to the shared data folder)");
+  if (tasks.empty()) tasks = {"hellaswag", "truthfulqa_mc1", "truthfulqa_mc2"};
+  if (tasks.size() == 1 && tasks[0] == "all") {
+    tasks.clear();
+    for (const auto& t : list_tasks(bench_dir)) tasks.push_back(t.name);
+    FOCUS_CHECK(!tasks.empty(), bench_dir, ": no known task file is present");
+  }
+  std::vector<TaskSet> sets;
+  for (const auto& name : tasks) sets.push_back(load_task(name, bench_dir));  // every file checked first
+  LoadOptions lo;
+  lo.tokenizer = tokenizer;
+  auto m = load_model(model, lo);
+  if (!lora_dir.empty()) {
+    load_and_apply_lora(*m, lora_dir);  // adapters merged into the weights
+    std::printf("lora %s merged\n", lora_dir.c_str());
+  }
+  auto focus = ff.make(*m);
+  install_interrupt_handler();
+  json results = json::array();
+  std::printf("%-16s %-6s %8s %8s %8s %7s %9s\n", "task", "metric", "acc", "acc_norm", "mc2", "items", "seconds");
+  int rc = 0;
+  for (const auto& t : sets) {
+    const TaskResult r = score_task(*m, t, focus.get(), limit, true);
+    std::printf("%-16s %-6s %8.4f %8.4f %8s %7lld %9.1f%s\n", r.name.c_str(), to_string(r.metric).c_str(), r.acc,
+                r.acc_norm, r.metric == TaskMetric::MC2 ? std::to_string(r.mc2).substr(0, 6).c_str() : "-",
+                (long long)r.count, r.seconds, r.interrupted ? "  INTERRUPTED (partial)" : "");
+    std::fflush(stdout);
+    results.push_back(task_result_json(r));
+    if (r.interrupted) {
+      rc = 130;
+      break;
+    }
+  }
+  if (as_json) {
+    json j{{"model", m->path}, {"bench_dir", bench_dir}, {"limit", limit}, {"tasks", results},
+           {"focus", focus ? to_string(focus->settings.mode) : "off"}, {"threads", num_threads()}};
+    if (focus) j["focus_dir"] = ff.dir;
+    if (!lora_dir.empty()) j["lora"] = lora_dir;
+    std::cout << j.dump() << "\n";
+  }
+  return rc;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -362,6 +469,8 @@ int main(int argc, char** argv) {
   ev->add_flag("--json", as_json, "last stdout line is a JSON object");
   FocusFlags ff;
   ff.add(ev);
+  std::string eval_lora;
+  ev->add_option("--lora", eval_lora, "LoRA folder (lora.json + lora.safetensors) merged into the weights");
 
   auto* gen = app.add_subcommand("generate", "generate text (greedy at --temp 0)");
   gen->add_option("--model", model, "MODEL")->required();
@@ -412,6 +521,30 @@ int main(int argc, char** argv) {
   rf->add_option("--stop-after", ro.stop_after, "end this run after N steps with a checkpoint (resume later)");
   rf->add_flag("--json", as_json, "last stdout line is a JSON object");
 
+  LoraOptions lro;
+  auto* lr = app.add_subcommand("lora", "train LoRA adapters on the attention projections (the baseline)");
+  lr->add_option("--model", model, "MODEL")->required();
+  lr->add_option("--tokenizer", tokenizer, "tokenizer file (llama2.c models)");
+  lr->add_option("--train", lro.train, "training text files (each file is a document)")->required();
+  lr->add_option("--valid", lro.valid, "validation text files (never the same documents)")->required();
+  lr->add_option("--ctx", lro.ctx, "window length in tokens");
+  lr->add_option("--rank", lro.lora.rank, "adapter rank r");
+  lr->add_option("--alpha", lro.lora.alpha, "adapter alpha; the update is (alpha / r) B A (default 2 * rank)");
+  lr->add_option("--targets", lro.lora.targets, "adapted projections, letters of qkvo (default qkvo)");
+  lr->add_option("--steps", lro.steps, "optimizer steps");
+  lr->add_option("--batch", lro.batch, "windows per step");
+  lr->add_option("--lr", lro.adam.lr, "peak learning rate (AdamW, default 1e-3)");
+  lr->add_option("--warmup", lro.warmup, "warm-up steps");
+  lr->add_option("--weight-decay", lro.adam.weight_decay, "AdamW weight decay");
+  lr->add_option("--eval-every", lro.eval_every, "validate every N steps");
+  lr->add_option("--valid-windows", lro.valid_windows, "validation windows");
+  lr->add_option("--checkpoint-seconds", lro.checkpoint_seconds, "seconds between checkpoints");
+  lr->add_option("--seed", lro.seed, "seed (adapter init and window sampling)");
+  lr->add_option("--out", lro.out, "output folder")->required();
+  lr->add_flag("--resume", lro.resume, "continue from the checkpoint in --out");
+  lr->add_option("--stop-after", lro.stop_after, "end this run after N steps with a checkpoint (resume later)");
+  lr->add_flag("--json", as_json, "last stdout line is a JSON object");
+
   int top_n = 8;
   FocusFlags gf;
   auto* gr = app.add_subcommand("groups", "what the routers learned: group sizes and frequent tokens per layer");
@@ -423,6 +556,24 @@ int main(int argc, char** argv) {
   gr->add_option("--top", top_n, "tokens listed per group");
   gr->add_flag("--json", as_json, "last stdout line is a JSON object");
   gf.add(gr);
+
+  std::string bench_dir;
+  std::vector<std::string> task_names;
+  int64_t task_limit = 0;
+  bool list_tasks_only = false;
+  FocusFlags tf;
+  auto* bt = app.add_subcommand("bench-tasks", "multiple-choice benchmarks scored by log-likelihood (HellaSwag, TruthfulQA, ARC, ...)");
+  bt->add_option("--model", model, "MODEL");
+  bt->add_option("--tokenizer", tokenizer, "tokenizer file (llama2.c models)");
+  bt->add_option("--tasks", task_names, "task names, comma separated, or 'all' (default: hellaswag,truthfulqa_mc1,truthfulqa_mc2)")
+      ->delimiter(',');
+  bt->add_option("--bench-dir", bench_dir, "folder of the benchmark files (default: $FOCUS_DATA/bench or ../shared/data/bench)");
+  bt->add_option("--limit", task_limit, "score only the first N items of each task (0: all)");
+  bt->add_flag("--list", list_tasks_only, "list the known tasks and whether their files are present");
+  bt->add_flag("--json", as_json, "last stdout line is a JSON object");
+  std::string task_lora;
+  bt->add_option("--lora", task_lora, "LoRA folder (lora.json + lora.safetensors), merged into the weights");
+  tf.add(bt);
 
   AttnBenchOptions bo;
   auto* bench = app.add_subcommand("bench", "benchmarks");
@@ -447,11 +598,17 @@ int main(int argc, char** argv) {
   try {
     set_threads(threads);
     if (*info) return cmd_info(model, tokenizer, as_json);
-    if (*ev) return cmd_eval(model, tokenizer, texts, ctx, stride, max_tokens, no_bos, as_json, ff);
+    if (*ev) return cmd_eval(model, tokenizer, texts, ctx, stride, max_tokens, no_bos, as_json, ff, eval_lora);
     if (*gen) return cmd_generate(model, tokenizer, prompt, n, temp, seed, print_ids);
     if (*tk) return cmd_tokenize(model, tokenizer, prompt, bos);
     if (*prep) return cmd_prepare(tokenizer, out);
     if (*rf) return cmd_retrofit(model, tokenizer, ro, balance, as_json);
+    if (*lr) return cmd_lora(model, tokenizer, lro, as_json);
+    if (*bt) {
+      FOCUS_CHECK(list_tasks_only || !model.empty(), "bench-tasks: give --model MODEL");
+      return cmd_bench_tasks(model, tokenizer, bench_dir, task_names, task_limit, list_tasks_only, as_json, tf,
+                             task_lora);
+    }
     if (*gr) return cmd_groups(model, tokenizer, texts, ctx, max_tokens, top_n, as_json, gf);
     if (*ba) {
       if (!kv_given) bo.kv_heads = bo.heads;

@@ -12,24 +12,22 @@ namespace focus {
 
 double PplResult::ppl() const { return std::exp(nll()); }
 
-double window_nll(const Model& m, const std::vector<int32_t>& ids, const std::vector<int32_t>& targets,
-                  const FocusRouters* focus, FocusStats* stats, int64_t* scored) {
-  const int64_t T = (int64_t)ids.size(), D = m.cfg.dim, V = m.cfg.vocab;
-  FOCUS_CHECK(targets.size() == ids.size(), "window_nll: ", ids.size(), " ids but ", targets.size(), " targets");
-  KVCache cache;
-  cache.init(m.cfg, T);
-  std::vector<float> hidden(T * D);
-  forward(m, ids.data(), T, cache, hidden.data(), focus, stats);
-  // Rows with a target, scored in chunks of 64.
+namespace {
+
+// Sum of -log p(targets[t]) over the rows t >= row0 with a target; hidden holds rows row0 ..
+// (final-normed states). Logits are made in row chunks of 64.
+double score_rows(const Model& m, const float* hidden, int64_t row0, const std::vector<int32_t>& targets,
+                  int64_t* scored) {
+  const int64_t T = (int64_t)targets.size(), D = m.cfg.dim, V = m.cfg.vocab;
   std::vector<int64_t> rows;
-  for (int64_t t = 0; t < T; ++t)
+  for (int64_t t = row0; t < T; ++t)
     if (targets[t] >= 0) rows.push_back(t);
   const int64_t chunk = 64;
   std::vector<float> h(chunk * D), logits(chunk * V);
   double nll = 0;
   for (size_t r0 = 0; r0 < rows.size(); r0 += chunk) {
     const int64_t n = std::min<int64_t>(chunk, (int64_t)rows.size() - (int64_t)r0);
-    for (int64_t i = 0; i < n; ++i) std::copy_n(hidden.data() + rows[r0 + i] * D, D, h.data() + i * D);
+    for (int64_t i = 0; i < n; ++i) std::copy_n(hidden + (rows[r0 + i] - row0) * D, D, h.data() + i * D);
     compute_logits(m, h.data(), n, logits.data());
     std::vector<double> lp(n);
 #pragma omp parallel for schedule(static)
@@ -42,6 +40,48 @@ double window_nll(const Model& m, const std::vector<int32_t>& ids, const std::ve
   }
   if (scored) *scored = (int64_t)rows.size();
   return nll;
+}
+
+}  // namespace
+
+double window_nll(const Model& m, const std::vector<int32_t>& ids, const std::vector<int32_t>& targets,
+                  const FocusRouters* focus, FocusStats* stats, int64_t* scored) {
+  const int64_t T = (int64_t)ids.size();
+  FOCUS_CHECK(targets.size() == ids.size(), "window_nll: ", ids.size(), " ids but ", targets.size(), " targets");
+  KVCache cache;
+  cache.init(m.cfg, T);
+  std::vector<float> hidden(T * m.cfg.dim);
+  forward(m, ids.data(), T, cache, hidden.data(), focus, stats);
+  return score_rows(m, hidden.data(), 0, targets, scored);
+}
+
+PrefixScorer::PrefixScorer(const Model& m, const FocusRouters* focus) : m_(m), focus_(focus) {}
+
+double PrefixScorer::nll(const std::vector<int32_t>& ids, const std::vector<int32_t>& targets, int64_t* scored) {
+  const int64_t T = (int64_t)ids.size();
+  FOCUS_CHECK(T > 0 && targets.size() == ids.size(), "PrefixScorer: ", ids.size(), " ids but ", targets.size(),
+              " targets");
+  const bool reuse = !focus_ || focus_->settings.mode == FocusMode::Off;
+  // Rows before the first scored one need no hidden state, so their keys and values may come
+  // from the previous request where the tokens agree.
+  int64_t first = 0;
+  while (first < T && targets[first] < 0) ++first;
+  int64_t start = 0;
+  if (reuse) {
+    const int64_t lim = std::min<int64_t>({first, (int64_t)prev_.size(), cache_.len});
+    while (start < lim && prev_[start] == ids[start]) ++start;
+  }
+  if (cache_.capacity < T) {
+    cache_.init(m_.cfg, std::max<int64_t>(T, 2 * cache_.capacity));
+    start = 0;
+  }
+  cache_.len = start;
+  hidden_.resize((T - start) * m_.cfg.dim);
+  forward(m_, ids.data() + start, T - start, cache_, hidden_.data(), focus_, nullptr);
+  prev_ = ids;
+  reused_ += start;
+  computed_ += T - start;
+  return score_rows(m_, hidden_.data(), start, targets, scored);
 }
 
 PplResult perplexity(const Model& m, const std::vector<int32_t>& ids, const PplOptions& o) {

@@ -33,6 +33,28 @@ struct PplResult {
 double window_nll(const Model& m, const std::vector<int32_t>& ids, const std::vector<int32_t>& targets,
                   const FocusRouters* focus, FocusStats* stats, int64_t* scored);
 
+// Scores requests one after another (multiple-choice tasks), reusing the keys and values of the
+// longest prefix a request shares with the previous one: the choices of an item share their
+// context, and the items of a few-shot task share the prompt. The plain forward pass gives the
+// same numbers from a filled cache as from position 0. With active Focus routers every request
+// runs from position 0.
+class PrefixScorer {
+ public:
+  PrefixScorer(const Model& m, const FocusRouters* focus);
+  // As window_nll for ids[0..T) (run from position 0), given the previous requests.
+  double nll(const std::vector<int32_t>& ids, const std::vector<int32_t>& targets, int64_t* scored);
+  int64_t reused_tokens() const { return reused_; }      // rows taken from the cache
+  int64_t computed_tokens() const { return computed_; }  // rows run through the model
+
+ private:
+  const Model& m_;
+  const FocusRouters* focus_;
+  KVCache cache_;
+  std::vector<int32_t> prev_;
+  std::vector<float> hidden_;
+  int64_t reused_ = 0, computed_ = 0;
+};
+
 // Scores ids (text tokens, no BOS). Window w covers ids[a, b) with a = w * stride; a token is
 // scored in the first window that predicts it from inside that window.
 PplResult perplexity(const Model& m, const std::vector<int32_t>& ids, const PplOptions& o);

@@ -374,6 +374,7 @@ TaskResult score_task(const Model& m, const TaskSet& t, const FocusRouters* focu
   Progress bar(t.name, n, "items");
   const auto t0 = std::chrono::steady_clock::now();
   double hits = 0, hits_norm = 0, mass = 0;
+  PrefixScorer scorer(m, focus);
   for (int64_t i = 0; i < n && !r.interrupted; ++i) {
     const TaskItem& it = t.items[i];
     FOCUS_CHECK(!it.choices.empty() && it.labels.size() == it.choices.size() &&
@@ -390,7 +391,7 @@ TaskResult score_task(const Model& m, const TaskSet& t, const FocusRouters* focu
       double ll = 0;
       try {
         ct = tokenize_choice(m, it.context_of(c), t.delimiter + it.choices[c]);
-        ll = -window_nll(m, ct.ids, ct.targets, focus, nullptr, nullptr);
+        ll = -scorer.nll(ct.ids, ct.targets, nullptr);
       } catch (const Error& e) {
         fail(t.name, ": item at ", t.path, ":", it.line, ", choice ", c, ": ", e.what());
       }
@@ -427,6 +428,7 @@ TaskResult score_task(const Model& m, const TaskSet& t, const FocusRouters* focu
   }
   if (!r.interrupted && interrupted()) r.interrupted = true;
   r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  r.computed = scorer.computed_tokens();
   if (r.count > 0) {
     r.acc = hits / r.count;
     r.acc_norm = hits_norm / r.count;
@@ -451,6 +453,7 @@ json task_result_json(const TaskResult& r) {
   j["count"] = r.count;
   j["requests"] = r.requests;
   j["tokens"] = r.tokens;
+  j["computed_tokens"] = r.computed;
   j["truncated"] = r.truncated;
   j["seconds"] = r.seconds;
   j["interrupted"] = r.interrupted;

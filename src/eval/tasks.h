@@ -107,7 +107,8 @@ struct TaskResult {
   double mc2 = 0;                // mean mass on the true answers (meaningful for MC2)
   int64_t count = 0;             // items scored
   int64_t requests = 0;          // forwards run (item x choice)
-  int64_t tokens = 0;            // tokens run through the model
+  int64_t tokens = 0;            // tokens of the requests
+  int64_t computed = 0;          // tokens run through the model (shared prefixes run once)
   int64_t truncated = 0;         // requests cut from the left to fit the model's context
   double seconds = 0;
   bool interrupted = false;      // stopped by Ctrl-C; the numbers cover `count` items

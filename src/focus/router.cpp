@@ -5,31 +5,28 @@
 #include <limits>
 
 #include "core/error.h"
+#include "kernels/cpu/simd.h"
 
 namespace focus {
 namespace {
 
 constexpr float kNormFloor = 1e-12f;  // |r| and |c| below this are treated as this (avoids 0/0)
 
-typedef float v16 __attribute__((vector_size(64)));
-inline v16 load(const float* p) {
-  v16 r;
-  __builtin_memcpy(&r, p, sizeof(r));
-  return r;
-}
+using namespace cpu::simd;
 
-// sum_d a[d] * b[d], vectorised; the summation order is fixed.
+// sum_d a[d] * b[d], vectorised; the summation order is fixed. 32 floats per step, in as many
+// vector accumulators as that takes (at least 2), so the adds of one step are independent.
 float dot(const float* a, const float* b, int64_t n) {
-  v16 acc0{}, acc1{};
+  constexpr int kAcc = 32 / kV > 2 ? 32 / kV : 2, kStep = kAcc * kV;
+  vf acc[kAcc] = {};
   int64_t d = 0;
-  for (; d + 32 <= n; d += 32) {
-    acc0 += load(a + d) * load(b + d);
-    acc1 += load(a + d + 16) * load(b + d + 16);
-  }
-  for (; d + 16 <= n; d += 16) acc0 += load(a + d) * load(b + d);
-  acc0 += acc1;
+  for (; d + kStep <= n; d += kStep)
+    for (int i = 0; i < kAcc; ++i) acc[i] = vfma(load(a + d + i * kV), load(b + d + i * kV), acc[i]);
+  for (; d + kV <= n; d += kV) acc[0] = vfma(load(a + d), load(b + d), acc[0]);
+  for (int w = kAcc / 2; w >= 1; w /= 2)  // pairwise: acc[i] += acc[i + w]
+    for (int i = 0; i < w; ++i) acc[i] += acc[i + w];
   float s = 0.f;
-  for (int i = 0; i < 16; ++i) s += acc0[i];
+  for (int i = 0; i < kV; ++i) s += acc[0][i];
   for (; d < n; ++d) s += a[d] * b[d];
   return s;
 }

@@ -8,114 +8,48 @@
 #include <vector>
 
 #include "core/error.h"
+#include "kernels/cpu/simd.h"
 
 namespace focus {
 namespace {
 
+using namespace cpu::simd;
+
 constexpr int kB = 64;  // query rows and keys per tile
-constexpr int kV = 16;  // floats per vector
+constexpr int kBV = kB / kV;  // vectors per tile row
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
-
-typedef float v16 __attribute__((vector_size(64)));
-typedef int32_t v16i __attribute__((vector_size(64)));
-
-inline v16 bcast(float x) { return v16{} + x; }
-inline v16 load(const float* p) {
-  v16 r;
-  __builtin_memcpy(&r, p, sizeof(r));
-  return r;
-}
-inline void store(float* p, v16 x) { __builtin_memcpy(p, &x, sizeof(x)); }
-inline int64_t pad16(int64_t x) { return (x + kV - 1) / kV * kV; }
-
-// exp(x) per lane (Cephes polynomial, ~1 ulp); exactly 0 for x < -87.3, so exp(-inf) = 0.
-inline v16 vexp(v16 x) {
-  const v16i tiny = x < bcast(-87.33654f);
-  x = tiny ? bcast(-87.33654f) : x;
-  x = x > bcast(88.0f) ? bcast(88.0f) : x;
-  const v16 magic = bcast(12582912.f);  // 1.5 * 2^23: adding it rounds to an integer
-  const v16 fx = (x * 1.44269504088896341f + magic) - magic;
-  const v16 r = x - fx * 0.693359375f + fx * 2.12194440e-4f;
-  v16 y = bcast(1.9875691500e-4f);
-  y = y * r + 1.3981999507e-3f;
-  y = y * r + 8.3334519073e-3f;
-  y = y * r + 4.1665795894e-2f;
-  y = y * r + 1.6666665459e-1f;
-  y = y * r + 5.0000001201e-1f;
-  y = y * r * r + r + 1.f;
-  const v16i bits = (__builtin_convertvector(fx, v16i) + 127) << 23;
-  v16 pow2;
-  __builtin_memcpy(&pow2, &bits, sizeof(pow2));
-  y *= pow2;
-  return tiny ? v16{} : y;
-}
-
-// log(x) per lane for positive normal x (Cephes polynomial, ~1 ulp).
-inline v16 vlog(v16 x) {
-  v16i bits;
-  __builtin_memcpy(&bits, &x, sizeof(bits));
-  v16 e = __builtin_convertvector(((bits >> 23) & 0xff) - 126, v16);  // x = m * 2^e, m in [0.5, 1)
-  const v16i mb = (bits & 0x007fffff) | 0x3f000000;
-  v16 m;
-  __builtin_memcpy(&m, &mb, sizeof(m));
-  const v16i small = m < bcast(0.707106781186547524f);
-  e = small ? e - 1.f : e;
-  m = small ? m + m - 1.f : m - 1.f;
-  const v16 z = m * m;
-  v16 y = bcast(7.0376836292e-2f);
-  y = y * m - 1.1514610310e-1f;
-  y = y * m + 1.1676998740e-1f;
-  y = y * m - 1.2420140846e-1f;
-  y = y * m + 1.4249322787e-1f;
-  y = y * m - 1.6668057665e-1f;
-  y = y * m + 2.0000714765e-1f;
-  y = y * m - 2.4999993993e-1f;
-  y = y * m + 3.3333331174e-1f;
-  y = y * m * z;
-  y += e * -2.12194440e-4f;
-  y -= 0.5f * z;
-  return m + y + e * 0.693359375f;
-}
-
-inline v16 vmax(v16 a, v16 b) { return a > b ? a : b; }
-inline float hmax(v16 a) {
-  float m = a[0];
-  for (int i = 1; i < kV; ++i) m = std::max(m, a[i]);
-  return m;
-}
-inline float hsum(v16 a) {
-  float s = 0.f;
-  for (int i = 0; i < kV; ++i) s += a[i];
-  return s;
-}
+static_assert(kB % kV == 0, "a tile row is whole vectors");
 
 // ---- small GEMM: C[M, Nn] (=|+=) A(M x K) . B[K, Nn] with A(m, k) = TA ? a[k*lda + m] : a[m*lda + k].
-// Nn is a multiple of 16; MR x NV register blocks (6 x 4 vectors in the bulk).
+// Nn is a multiple of kV; MR x NV register blocks (kGemmRows x kGemmVecs vectors in the bulk).
 template <bool TA, int MR, int NV>
 inline void gemm_block(const float* a, int64_t lda, const float* b, int64_t ldb, float* c, int64_t ldc, int K,
                        bool acc) {
-  v16 r[MR][NV];
+  vf r[MR][NV];
   for (int i = 0; i < MR; ++i)
-    for (int j = 0; j < NV; ++j) r[i][j] = acc ? load(c + i * ldc + j * kV) : v16{};
+    for (int j = 0; j < NV; ++j) r[i][j] = acc ? load(c + i * ldc + j * kV) : vf{};
   for (int p = 0; p < K; ++p) {
-    v16 bv[NV];
-    for (int j = 0; j < NV; ++j) bv[j] = load(b + p * ldb + j * kV);
+    vf bv[NV];
+    for (int j = 0; j < NV; ++j) bv[j] = load_reg(b + p * ldb + j * kV);
     for (int i = 0; i < MR; ++i) {
-      const v16 av = bcast(TA ? a[p * lda + i] : a[i * lda + p]);
-      for (int j = 0; j < NV; ++j) r[i][j] += av * bv[j];
+      const vf av = bcast(TA ? a[p * lda + i] : a[i * lda + p]);
+      for (int j = 0; j < NV; ++j) r[i][j] = vfma(av, bv[j], r[i][j]);
     }
   }
   for (int i = 0; i < MR; ++i)
     for (int j = 0; j < NV; ++j) store(c + i * ldc + j * kV, r[i][j]);
 }
 
+// Rows in blocks of kGemmRows, then what is left in blocks of 4, 2 and 1.
 template <bool TA, int NV>
 void gemm_rows(const float* a, int64_t lda, const float* b, int64_t ldb, float* c, int64_t ldc, int M, int K,
                bool acc) {
   auto ap = [&](int m) { return TA ? a + m : a + m * lda; };
   int m = 0;
-  for (; m + 6 <= M; m += 6) gemm_block<TA, 6, NV>(ap(m), lda, b, ldb, c + m * ldc, ldc, K, acc);
-  if (m + 4 <= M) gemm_block<TA, 4, NV>(ap(m), lda, b, ldb, c + m * ldc, ldc, K, acc), m += 4;
+  for (; m + kGemmRows <= M; m += kGemmRows)
+    gemm_block<TA, kGemmRows, NV>(ap(m), lda, b, ldb, c + m * ldc, ldc, K, acc);
+  if constexpr (kGemmRows > 4)
+    if (m + 4 <= M) gemm_block<TA, 4, NV>(ap(m), lda, b, ldb, c + m * ldc, ldc, K, acc), m += 4;
   if (m + 2 <= M) gemm_block<TA, 2, NV>(ap(m), lda, b, ldb, c + m * ldc, ldc, K, acc), m += 2;
   if (m < M) gemm_block<TA, 1, NV>(ap(m), lda, b, ldb, c + m * ldc, ldc, K, acc);
 }
@@ -123,14 +57,9 @@ void gemm_rows(const float* a, int64_t lda, const float* b, int64_t ldb, float* 
 template <bool TA>
 void gemm(const float* a, int64_t lda, const float* b, int64_t ldb, float* c, int64_t ldc, int M, int K, int Nn,
           bool acc) {
-  for (int n0 = 0; n0 < Nn; n0 += 4 * kV) {
-    switch (std::min(4, (Nn - n0) / kV)) {
-      case 4: gemm_rows<TA, 4>(a, lda, b + n0, ldb, c + n0, ldc, M, K, acc); break;
-      case 3: gemm_rows<TA, 3>(a, lda, b + n0, ldb, c + n0, ldc, M, K, acc); break;
-      case 2: gemm_rows<TA, 2>(a, lda, b + n0, ldb, c + n0, ldc, M, K, acc); break;
-      default: gemm_rows<TA, 1>(a, lda, b + n0, ldb, c + n0, ldc, M, K, acc); break;
-    }
-  }
+  for_chunks<kGemmVecs>(Nn / kV, [&]<int NV>(int j0) {
+    gemm_rows<TA, NV>(a, lda, b + j0 * kV, ldb, c + j0 * kV, ldc, M, K, acc);
+  });
 }
 
 // ---- packing. Row tiles: the rows of tile b (tokens b*64 .. b*64+nr-1) of all `heads` heads lie at
@@ -218,7 +147,7 @@ void build_tile(const SoftAttnShape& s, const Dims& d, const float* pp, const fl
     float* ir = inv ? inv + t * kB : nullptr;
     if (info.biased)
       for (int c = 0; c < kB; c += kV) {
-        const v16 a = load(ar + c) + s.eps;
+        const vf a = load(ar + c) + s.eps;
         store(ar + c, vlog(a));
         if (ir) store(ir + c, 1.f / a);
       }
@@ -259,9 +188,9 @@ Dims make_dims(const SoftAttnShape& s, bool has_p) {
   d.KVH = s.kv_heads;
   d.gs = s.heads / s.kv_heads;
   d.hd = s.head_dim;
-  d.hdp = pad16(s.head_dim);
+  d.hdp = round_up(s.head_dim);
   d.G = has_p ? s.groups : 0;
-  d.Gp = has_p ? pad16(s.groups) : 0;
+  d.Gp = has_p ? round_up(s.groups) : 0;
   d.nb = (s.n + kB - 1) / kB;
   return d;
 }
@@ -330,17 +259,20 @@ void soft_attention_forward(const float* q, const float* k, const float* v, cons
           for (int rr = 0; rr < R; ++rr) {
             float* sr = sc + rr * kB;
             const float* ar = add.data() + (rr % nr) * kB;
-            v16 x[4];
-            for (int c = 0; c < 4; ++c) x[c] = info.add() ? load(sr + c * kV) + load(ar + c * kV) : load(sr + c * kV);
+            vf x[kBV];
+            for (int c = 0; c < kBV; ++c)
+              x[c] = info.add() ? load(sr + c * kV) + load(ar + c * kV) : load(sr + c * kV);
+            vf xm = x[0];
+            for (int c = 1; c < kBV; ++c) xm = vmax(xm, x[c]);
             float& mi = m[row0 + rr];
-            const float mx = std::max(mi, hmax(vmax(vmax(x[0], x[1]), vmax(x[2], x[3]))));
+            const float mx = std::max(mi, hmax(xm));
             if (mx == kNegInf) {  // nothing visible yet on this row
-              for (int c = 0; c < 4; ++c) store(sr + c * kV, v16{});
+              for (int c = 0; c < kBV; ++c) store(sr + c * kV, vf{});
               continue;
             }
-            v16 sum{};
-            for (int c = 0; c < 4; ++c) {
-              x[c] = vexp(x[c] - mx);
+            vf sum{};
+            for (int c = 0; c < kBV; ++c) {
+              x[c] = vexp_cephes(x[c] - mx);
               sum += x[c];
               store(sr + c * kV, x[c]);
             }
@@ -464,15 +396,15 @@ void soft_attention_backward(const float* q, const float* k, const float* v, con
               const float* ar = add.data() + (rr % nr) * kB;
               const float lr = lsep[row0 + rr];
               for (int c = 0; c < kB; c += kV) {
-                const v16 x = info.add() ? load(pr + c) + load(ar + c) : load(pr + c);
-                store(pr + c, vexp(x - lr));
+                const vf x = info.add() ? load(pr + c) + load(ar + c) : load(pr + c);
+                store(pr + c, vexp_cephes(x - lr));
               }
             }
             // dP = dO V^T [R, 64]; dV += P^T dO; dS = P * (dP - delta); dK += dS^T (scale q); dQ += dS K.
             gemm<false>(dog, hdp, vtile, kB, dS, kB, R, (int)hdp, kB, false);
             gemm<true>(P, kB, dog, hdp, dv_acc.data() + kvh * kB * hdp, hdp, cols, R, (int)hdp, true);
             for (int rr = 0; rr < R; ++rr) {
-              const v16 dr = bcast(delta[row0 + rr]);
+              const vf dr = bcast(delta[row0 + rr]);
               for (int c = 0; c < kB; c += kV)
                 store(dS + rr * kB + c, load(P + rr * kB + c) * (load(dS + rr * kB + c) - dr));
             }

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <limits>
 #include <memory>
 #include <unordered_map>
@@ -71,10 +72,12 @@ class FloatBuffer {
   size_t n_ = 0;
 };
 
-// Prefetches one head's row (hd floats); rows of one head are strided and often scattered.
+// Prefetches one head's row (hd floats), one touch per 64-byte line; rows of one head are strided
+// and often scattered.
 template <int Write>
 inline void prefetch_row(const float* p, int64_t hd) {
-  for (int64_t d = 0; d < hd; d += kV) __builtin_prefetch(p + d, Write);
+  constexpr int64_t kLine = 64 / sizeof(float);
+  for (int64_t d = 0; d < hd; d += kLine) __builtin_prefetch(p + d, Write);
 }
 constexpr int kAhead = 6;  // rows prefetched ahead when gathering or scattering rows
 
@@ -93,33 +96,49 @@ struct KeyTiles {
   const float* kt_tile(int64_t t) const { return kt.data() + t * hdp * kBk; }
   const float* v_tile(int64_t t) const { return v.data() + t * kBk * hdp; }
 
-  // Fills tile t from kv head kvh; token_of(slot) gives the token at a slot, or -1.
+  // Fills tile t from kv head kvh; token_of(slot) gives the token at a slot, or -1. Keys go in
+  // kV slots at a time: kV rows loaded, transposed in registers, stored as kV rows of kt.
   template <class TokenOf>
   void fill_tile(int64_t t, const float* k, const float* vv, const FocusAttnShape& s, int64_t kvh, TokenOf token_of) {
-    const int64_t hd = s.head_dim;
+    const int64_t hd = s.head_dim, end_slot = n_tiles * kBk;
     float* kt_t = kt.data() + t * hdp * kBk;
     float* v_t = v.data() + t * kBk * hdp;
-    std::fill(kt_t + hd * kBk, kt_t + hdp * kBk, 0.f);
-    for (int c = 0; c < kBk; ++c) {
-      // Rows are kv_stride apart and, in group order, scattered: fetch a few slots ahead.
-      const int64_t ahead_slot = t * kBk + c + kAhead;
-      const int64_t ahead = ahead_slot < n_tiles * kBk ? token_of(ahead_slot) : -1;
-      if (ahead >= 0) {
-        prefetch_row<0>(k + ahead * s.kv_stride + kvh * hd, hd);
-        prefetch_row<0>(vv + ahead * s.kv_stride + kvh * hd, hd);
+    for (int c0 = 0; c0 < kBk; c0 += kV) {
+      const int64_t slot0 = t * kBk + c0;
+      int64_t tok[kV];
+      for (int i = 0; i < kV; ++i) {
+        tok[i] = token_of(slot0 + i);
+        // Rows are kv_stride apart and, in group order, scattered: fetch the next slots' rows.
+        const int64_t ahead = slot0 + kV + i < end_slot ? token_of(slot0 + kV + i) : -1;
+        if (ahead >= 0) {
+          prefetch_row<0>(k + ahead * s.kv_stride + kvh * hd, hd);
+          prefetch_row<0>(vv + ahead * s.kv_stride + kvh * hd, hd);
+        }
       }
-      float* vr = v_t + c * hdp;
-      const int64_t tok = token_of(t * kBk + c);
-      if (tok < 0) {
-        for (int64_t d = 0; d < hd; ++d) kt_t[d * kBk + c] = 0.f;
-        std::fill(vr, vr + hdp, 0.f);
-        continue;
+      for (int64_t d0 = 0; d0 < hdp; d0 += kV) {
+        const int64_t nd = std::clamp<int64_t>(hd - d0, 0, kV);
+        vf r[kV];
+        for (int i = 0; i < kV; ++i) {
+          r[i] = vf{};
+          if (tok[i] < 0 || nd == 0) continue;
+          const float* kr = k + tok[i] * s.kv_stride + kvh * hd + d0;
+          if (nd == kV)
+            r[i] = load(kr);
+          else
+            std::memcpy(&r[i], kr, nd * sizeof(float));
+        }
+        transpose(r);
+        for (int i = 0; i < kV; ++i) store(kt_t + (d0 + i) * kBk + c0, r[i]);
       }
-      const float* kr = k + tok * s.kv_stride + kvh * hd;
-      const float* vs = vv + tok * s.kv_stride + kvh * hd;
-      for (int64_t d = 0; d < hd; ++d) kt_t[d * kBk + c] = kr[d];
-      for (int64_t d = 0; d < hd; ++d) vr[d] = vs[d];
-      for (int64_t d = hd; d < hdp; ++d) vr[d] = 0.f;
+      for (int i = 0; i < kV; ++i) {
+        float* vr = v_t + (c0 + i) * hdp;
+        int64_t d = 0;
+        if (tok[i] >= 0) {
+          std::memcpy(vr, vv + tok[i] * s.kv_stride + kvh * hd, hd * sizeof(float));
+          d = hd;
+        }
+        std::fill(vr + d, vr + hdp, 0.f);
+      }
     }
   }
 };

@@ -1,6 +1,9 @@
 #include "train/backward.h"
 
+#include <cblas.h>
+
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <memory>
 
@@ -25,11 +28,24 @@ struct LayerActs {
   std::vector<float> act;           // MLP activation output [T, ffn]
   std::vector<float> m_pre;         // MLP projection before the post-MLP norm
   RouterCache rc;                   // router layers only
+  std::array<std::vector<float>, kLoraTargets> lora_u;  // adapted projections: (alpha/r) x A^T [T, r]
+};
+
+// What the layer passes see of the trainable set: the routers (possibly none) and the adapters.
+struct Parts {
+  const FocusRouters& f;
+  const LoraAdapters* lora;
+  const LoraMatrix* adapter(int64_t l, int target) const { return lora ? lora->find(l, target) : nullptr; }
+  bool adapted(int64_t l) const {
+    for (int t = 0; t < kLoraTargets; ++t)
+      if (adapter(l, t)) return true;
+    return false;
+  }
 };
 
 // Bytes of one layer's activations (for the keep-or-recompute decision).
-double layer_act_bytes(const ModelConfig& c, int64_t T, int64_t G) {
-  double f = (double)T * (c.dim * 4 + c.q_dim() * 2 + c.kv_dim() * 2 + c.ffn * 3 + c.heads + G * 2);
+double layer_act_bytes(const ModelConfig& c, int64_t T, int64_t G, int64_t lora_cols) {
+  double f = (double)T * (c.dim * 4 + c.q_dim() * 2 + c.kv_dim() * 2 + c.ffn * 3 + c.heads + G * 2 + lora_cols);
   if (c.qk_norm) f += (double)T * (c.q_dim() + c.kv_dim());
   if (c.post_norms) f += (double)T * c.dim * 2;
   return 4 * f;
@@ -70,9 +86,47 @@ const RouterParams* router_of(const FocusRouters& f, int64_t l) {
   return r >= 0 ? &f.routers[r] : nullptr;
 }
 
+// y [T, out] += (alpha / r) (x A^T) B^T for the adapter of (l, target), if any; u keeps the
+// scaled (alpha / r) x A^T for the backward pass.
+void lora_forward(const Parts& P, int64_t l, int target, const float* x, int64_t T, float* y, std::vector<float>& u) {
+  const LoraMatrix* a = P.adapter(l, target);
+  if (!a) return;
+  const float s = P.lora->settings.scale();
+  u.resize(T * a->rank);
+  cpu::linear(x, a->a(), nullptr, u.data(), T, a->in, a->rank);
+  for (float& v : u) v *= s;
+  cpu::linear_acc(u.data(), a->b(), y, T, a->rank, a->out);
+}
+
+// Backward of lora_forward given dy = dL/dy [T, out]: adds the adapter's part of dL/dx into dx
+// and, when the adapters are trained (grads not null), accumulates dL/dA and dL/dB into the
+// adapter's gradient (laid out like its params).
+//   dB += dy^T u      du = (alpha / r) dy B      dA += du^T x      dx += du A
+void lora_backward(const Parts& P, int64_t l, int target, const float* x, const std::vector<float>& u,
+                   const float* dy, int64_t T, std::vector<std::vector<float>>* grads, float* dx,
+                   std::vector<float>& du) {
+  const LoraMatrix* a = P.adapter(l, target);
+  if (!a) return;
+  const float s = P.lora->settings.scale();
+  const int64_t r = a->rank;
+  float* gA = grads ? (*grads)[P.lora->index[l][target]].data() : nullptr;
+  float* gB = gA ? gA + r * a->in : nullptr;
+  if (gB)
+    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)a->out, (int)r, (int)T, 1.0f, dy, (int)a->out,
+                u.data(), (int)r, 1.0f, gB, (int)r);
+  du.resize(T * r);
+  cpu::linear_backward_input(dy, a->b(), du.data(), T, r, a->out, false);
+  for (float& v : du) v *= s;
+  if (gA)
+    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)r, (int)a->in, (int)T, 1.0f, du.data(), (int)r, x,
+                (int)a->in, 1.0f, gA, (int)a->in);
+  cpu::linear_backward_input(du.data(), a->a(), dx, T, a->in, r, true);
+}
+
 // One layer forward from x_in to x_out (may alias), filling A.
-void layer_forward(const Model& m, const FocusRouters& f, int64_t l, int64_t T, const float* x_in, float* x_out,
+void layer_forward(const Model& m, const Parts& P, int64_t l, int64_t T, const float* x_in, float* x_out,
                    LayerActs& A) {
+  const FocusRouters& f = P.f;
   const ModelConfig& c = m.cfg;
   const LayerWeights& L = m.w.layers[l];
   const int64_t D = c.dim, QD = c.q_dim(), KD = c.kv_dim(), F = c.ffn;
@@ -90,6 +144,9 @@ void layer_forward(const Model& m, const FocusRouters& f, int64_t l, int64_t T, 
   cpu::linear(A.xn1.data(), L.wq, L.bq, A.q.data(), T, D, QD);
   cpu::linear(A.xn1.data(), L.wk, L.bk, A.k.data(), T, D, KD);
   cpu::linear(A.xn1.data(), L.wv, L.bv, A.v.data(), T, D, KD);
+  lora_forward(P, l, kLoraQ, A.xn1.data(), T, A.q.data(), A.lora_u[kLoraQ]);
+  lora_forward(P, l, kLoraK, A.xn1.data(), T, A.k.data(), A.lora_u[kLoraK]);
+  lora_forward(P, l, kLoraV, A.xn1.data(), T, A.v.data(), A.lora_u[kLoraV]);
   if (c.qk_norm) {
     A.q_pre = A.q;
     A.k_pre = A.k;
@@ -110,6 +167,7 @@ void layer_forward(const Model& m, const FocusRouters& f, int64_t l, int64_t T, 
   std::vector<float>& a = c.post_norms ? A.a_pre : A.h1;
   a.resize(T * D);
   cpu::linear(A.att.data(), L.wo, L.bo, a.data(), T, QD, D);
+  lora_forward(P, l, kLoraO, A.att.data(), T, a.data(), A.lora_u[kLoraO]);
   if (c.post_norms) cpu::rmsnorm(A.a_pre.data(), L.post_attn_norm, A.h1.data(), T, D, c.norm_eps);
   cpu::add_inplace(A.h1.data(), x_in, T * D);
 
@@ -142,14 +200,15 @@ void layer_forward(const Model& m, const FocusRouters& f, int64_t l, int64_t T, 
 
 // Scratch of the backward pass, reused across layers.
 struct BackScratch {
-  std::vector<float> d1, dact, dgate, dup, dxn, dh1, datt, dq, dk, dv, dp, ds, tmp;
+  std::vector<float> d1, dact, dgate, dup, dxn, dh1, datt, dq, dk, dv, dp, ds, tmp, du;
 };
 
 // Given dx = dL/dx_out [T, D] and layer l's input x_in and activations, replaces dx with
-// dL/dx_in and accumulates the router's parameter gradient.
-void layer_backward(const Model& m, const FocusRouters& f, int64_t l, int64_t T, const float* x_in,
-                    const LayerActs& A, float* dx, std::vector<std::vector<float>>& grads, const RouterAuxHook& hook,
-                    BackScratch& S) {
+// dL/dx_in and accumulates the gradients of the router and adapters of the layer (those whose
+// buffers are given).
+void layer_backward(const Model& m, const Parts& P, const TrainableSet& ts, int64_t l, int64_t T, const float* x_in,
+                    const LayerActs& A, float* dx, BackScratch& S) {
+  const FocusRouters& f = P.f;
   const ModelConfig& c = m.cfg;
   const LayerWeights& L = m.w.layers[l];
   const int64_t D = c.dim, QD = c.q_dim(), KD = c.kv_dim(), F = c.ffn;
@@ -189,6 +248,7 @@ void layer_backward(const Model& m, const FocusRouters& f, int64_t l, int64_t T,
   }
   S.datt.resize(T * QD);
   cpu::linear_backward_input(da, L.wo, S.datt.data(), T, QD, D, false);
+  lora_backward(P, l, kLoraO, A.att.data(), A.lora_u[kLoraO], da, T, ts.lora_grads, S.datt.data(), S.du);
 
   const RouterParams* rp = router_of(f, l);
   const int64_t G = f.settings.groups;
@@ -214,11 +274,22 @@ void layer_backward(const Model& m, const FocusRouters& f, int64_t l, int64_t T,
   cpu::linear_backward_input(S.dq.data(), L.wq, S.dxn.data(), T, D, QD, false);
   cpu::linear_backward_input(S.dk.data(), L.wk, S.dxn.data(), T, D, KD, true);
   cpu::linear_backward_input(S.dv.data(), L.wv, S.dxn.data(), T, D, KD, true);
+  lora_backward(P, l, kLoraQ, A.xn1.data(), A.lora_u[kLoraQ], S.dq.data(), T, ts.lora_grads, S.dxn.data(), S.du);
+  lora_backward(P, l, kLoraK, A.xn1.data(), A.lora_u[kLoraK], S.dk.data(), T, ts.lora_grads, S.dxn.data(), S.du);
+  lora_backward(P, l, kLoraV, A.xn1.data(), A.lora_u[kLoraV], S.dv.data(), T, ts.lora_grads, S.dxn.data(), S.du);
   if (rp) {
     const int64_t r = f.router_of_layer[l];
     S.ds.assign(T * G, 0.f);
-    if (hook) hook(r, A.rc, S.ds.data());
-    router_backward(*rp, A.xn1.data(), A.rc, S.dp.data(), S.ds.data(), grads[r].data(), S.dxn.data());
+    if (ts.router_hook) ts.router_hook(r, A.rc, S.ds.data());
+    // Without router gradient buffers the router still passes its input gradient on.
+    float* gr = nullptr;
+    if (ts.router_grads) {
+      gr = (*ts.router_grads)[r].data();
+    } else {
+      S.tmp.assign(rp->params.size(), 0.f);
+      gr = S.tmp.data();
+    }
+    router_backward(*rp, A.xn1.data(), A.rc, S.dp.data(), S.ds.data(), gr, S.dxn.data());
   }
   // dx_in = dh1 + norm'(x_in) dxn1
   norm_bwd(c, x_in, L.attn_norm, S.dxn.data(), dx, T, true);
@@ -285,44 +356,69 @@ double head_loss(const Model& m, const float* x, const TrainWindow& w, float los
   return nll;
 }
 
-void check_window(const Model& m, const FocusRouters& f, const TrainWindow& w) {
+void check_window(const Model& m, const TrainableSet& ts, const TrainWindow& w) {
   const ModelConfig& c = m.cfg;
   FOCUS_CHECK(w.T > 0 && w.ids && w.targets, "training window: empty");
   if (c.learned_pos)
     FOCUS_CHECK(w.T <= c.max_ctx, "training window of ", w.T, " tokens is longer than the model's ", c.max_ctx,
                 " learned positions");
-  FOCUS_CHECK((int64_t)f.router_of_layer.size() == c.layers, "routers: ", f.router_of_layer.size(),
-              " layer entries for a model of ", c.layers, " layers");
+  if (ts.routers)
+    FOCUS_CHECK((int64_t)ts.routers->router_of_layer.size() == c.layers, "routers: ",
+                ts.routers->router_of_layer.size(), " layer entries for a model of ", c.layers, " layers");
+  if (ts.lora) {
+    FOCUS_CHECK((int64_t)ts.lora->index.size() == c.layers, "LoRA adapters: ", ts.lora->index.size(),
+                " layer entries for a model of ", c.layers, " layers");
+    for (const auto& a : ts.lora->mats)
+      FOCUS_CHECK(a.in == lora_in_dim(c, a.target) && a.out == lora_out_dim(c, a.target) &&
+                      (int64_t)a.params.size() == a.size(),
+                  "LoRA adapter layers.", a.layer, ".", lora_target_name(a.target), " does not fit the model");
+  }
   for (int64_t t = 0; t < w.T; ++t)
     FOCUS_CHECK(w.targets[t] < c.vocab, "training window: target id ", w.targets[t], " outside the vocabulary (",
                 c.vocab, ")");
 }
 
+void check_grads(const std::vector<std::vector<float>>* grads, const std::vector<int64_t>& sizes, const char* what) {
+  if (!grads) return;
+  FOCUS_CHECK(grads->size() == sizes.size(), what, " gradients: ", grads->size(), " buffers for ", sizes.size(),
+              " parameter blocks");
+  for (size_t i = 0; i < sizes.size(); ++i)
+    FOCUS_CHECK((int64_t)(*grads)[i].size() == sizes[i], what, " gradient ", i, " has the wrong size");
+}
+
 }  // namespace
 
-LossGrad focus_router_loss_and_grad(const Model& m, const FocusRouters& f, const TrainWindow& w, float loss_scale,
-                                    std::vector<std::vector<float>>* grads, const RouterAuxHook& hook,
-                                    const BackwardOptions& opt) {
+LossGrad train_loss_and_grad(const Model& m, const TrainableSet& ts, const TrainWindow& w, float loss_scale,
+                             const BackwardOptions& opt) {
   const ModelConfig& c = m.cfg;
-  check_window(m, f, w);
+  check_window(m, ts, w);
+  static const FocusRouters no_routers;
+  const Parts P{ts.routers ? *ts.routers : no_routers, ts.lora};
+  const FocusRouters& f = P.f;
   const int64_t T = w.T, D = c.dim, NL = c.layers;
-  if (grads) {
-    FOCUS_CHECK(grads->size() == f.routers.size(), "router gradients: ", grads->size(), " buffers for ",
-                f.routers.size(), " routers");
-    for (size_t r = 0; r < f.routers.size(); ++r)
-      FOCUS_CHECK((*grads)[r].size() == f.routers[r].params.size(), "router gradient ", r, " has the wrong size");
+  if (ts.routers && ts.router_grads) {
+    std::vector<int64_t> sizes;
+    for (const auto& r : f.routers) sizes.push_back((int64_t)r.params.size());
+    check_grads(ts.router_grads, sizes, "router");
   }
-  // Layers below the lowest router need no backward pass.
+  int64_t lora_cols = 0;  // columns of the adapters' kept activations per layer
+  if (ts.lora) {
+    std::vector<int64_t> sizes;
+    for (const auto& a : ts.lora->mats) sizes.push_back(a.size());
+    check_grads(ts.lora_grads, sizes, "LoRA");
+    lora_cols = ts.lora->settings.rank * (int64_t)ts.lora->settings.targets.size();
+  }
+  // Layers below the lowest trained part need no backward pass.
   int64_t first = NL;
   for (int64_t l = 0; l < NL; ++l)
-    if (router_of(f, l)) {
+    if ((ts.router_grads && router_of(f, l)) || (ts.lora_grads && P.adapted(l))) {
       first = l;
       break;
     }
-  const bool need_grad = grads && first < NL;
-  const bool recompute = opt.force_recompute >= 0
-                             ? opt.force_recompute == 1
-                             : layer_act_bytes(c, T, f.settings.groups) * (NL - first) > opt.keep_activations_bytes;
+  const bool need_grad = (ts.router_grads || ts.lora_grads) && first < NL;
+  const bool recompute = opt.force_recompute >= 0 ? opt.force_recompute == 1
+                                                  : layer_act_bytes(c, T, f.settings.groups, lora_cols) * (NL - first) >
+                                                        opt.keep_activations_bytes;
 
   // Forward: xs[l] is layer l's input; xs[NL] the final residual.
   std::vector<std::vector<float>> xs(NL + 1);
@@ -333,8 +429,8 @@ LossGrad focus_router_loss_and_grad(const Model& m, const FocusRouters& f, const
   for (int64_t l = 0; l < NL; ++l) {
     xs[l + 1].resize(T * D);
     LayerActs& A = (need_grad && !recompute && l >= first) ? kept[l] : scratch;
-    layer_forward(m, f, l, T, xs[l].data(), xs[l + 1].data(), A);
-    // Inputs of layers below the first router are not needed again.
+    layer_forward(m, P, l, T, xs[l].data(), xs[l + 1].data(), A);
+    // Inputs of layers below the first trained one are not needed again.
     if (need_grad && l < first) std::vector<float>().swap(xs[l]);
   }
 
@@ -348,16 +444,35 @@ LossGrad focus_router_loss_and_grad(const Model& m, const FocusRouters& f, const
     const LayerActs* A = nullptr;
     if (recompute) {
       std::vector<float> out(T * D);
-      layer_forward(m, f, l, T, xs[l].data(), out.data(), scratch);
+      layer_forward(m, P, l, T, xs[l].data(), out.data(), scratch);
       A = &scratch;
     } else {
       A = &kept[l];
     }
-    layer_backward(m, f, l, T, xs[l].data(), *A, dx.data(), *grads, hook, S);
+    layer_backward(m, P, ts, l, T, xs[l].data(), *A, dx.data(), S);
     if (!recompute) kept[l] = LayerActs();
     std::vector<float>().swap(xs[l + 1]);
   }
   return res;
+}
+
+double train_loss(const Model& m, const TrainableSet& ts, const TrainWindow& w, int64_t* scored) {
+  TrainableSet fwd;
+  fwd.routers = ts.routers;
+  fwd.lora = ts.lora;
+  const LossGrad r = train_loss_and_grad(m, fwd, w, 1.0f);
+  if (scored) *scored = r.scored;
+  return r.loss_sum;
+}
+
+LossGrad focus_router_loss_and_grad(const Model& m, const FocusRouters& f, const TrainWindow& w, float loss_scale,
+                                    std::vector<std::vector<float>>* grads, const RouterAuxHook& hook,
+                                    const BackwardOptions& opt) {
+  TrainableSet ts;
+  ts.routers = &f;
+  ts.router_grads = grads;
+  ts.router_hook = hook;
+  return train_loss_and_grad(m, ts, w, loss_scale, opt);
 }
 
 double focus_router_loss(const Model& m, const FocusRouters& f, const TrainWindow& w, int64_t* scored) {

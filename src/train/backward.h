@@ -1,10 +1,12 @@
-// Router training through a frozen transformer: the loss of one window and the gradient of
-// every router's parameters. Only activation gradients flow through the model (no gradient
-// buffers for frozen weights). Every architecture of forward() is covered (Llama family with
-// GQA, Gemma 3 with its sliding-window layers, QK norms and extra norms, GPT-2).
+// Training through a frozen transformer: the loss of one window and the gradient of the small
+// trainable parts, Focus routers and/or LoRA adapters on the attention projections (lora.h).
+// Only activation gradients flow through the frozen weights (no gradient buffers for them).
+// Every architecture of forward() is covered (Llama family with GQA, Gemma 3 with its
+// sliding-window layers, QK norms and extra norms, GPT-2).
 //
 // Router layers run Focus soft attention (the additive log-bias of spec section 2); other layers
 // run plain causal (or sliding-window) attention through the same soft kernel without a bias.
+// Adapted projections run unmerged: y = x W^T + b + (alpha / r) (x A^T) B^T.
 // Layer activations are either kept from the forward pass or recomputed layer by layer from the
 // stored residual inputs, whichever the memory budget allows; both give the same numbers.
 #pragma once
@@ -15,6 +17,7 @@
 #include "focus/focus_model.h"
 #include "focus/router.h"
 #include "model/model.h"
+#include "train/lora.h"
 
 namespace focus {
 
@@ -43,8 +46,27 @@ struct BackwardOptions {
   int force_recompute = -1;  // -1: decide by the budget; 0: keep; 1: recompute
 };
 
+// What one loss-and-gradient call runs and trains. Either part may be absent: no routers is
+// plain causal attention everywhere, no adapters the frozen projections. A part whose gradient
+// buffers are null is applied in the forward pass but not trained.
+struct TrainableSet {
+  const FocusRouters* routers = nullptr;
+  std::vector<std::vector<float>>* router_grads = nullptr;  // per router, sized like its params
+  RouterAuxHook router_hook = nullptr;
+  const LoraAdapters* lora = nullptr;
+  std::vector<std::vector<float>>* lora_grads = nullptr;    // per adapter matrix (lora->mats)
+};
+
 // Loss L = loss_scale * sum_t -log p(targets[t] | ids[0..t]) with Focus soft attention on router
-// layers. Accumulates (+=) dL/dparams of router r into (*grads)[r] (sized like its params).
+// layers and the adapters applied. Accumulates (+=) dL/dparams into the gradient buffers given.
+// Layers below the lowest trained part get no backward pass.
+LossGrad train_loss_and_grad(const Model& m, const TrainableSet& ts, const TrainWindow& w, float loss_scale,
+                             const BackwardOptions& opt = {});
+
+// The same loss without gradients; for tests and checks.
+double train_loss(const Model& m, const TrainableSet& ts, const TrainWindow& w, int64_t* scored = nullptr);
+
+// Router training alone: train_loss_and_grad with the routers' gradients into (*grads)[r].
 LossGrad focus_router_loss_and_grad(const Model& m, const FocusRouters& f, const TrainWindow& w, float loss_scale,
                                     std::vector<std::vector<float>>* grads, const RouterAuxHook& hook = nullptr,
                                     const BackwardOptions& opt = {});

@@ -1,25 +1,16 @@
 #include "train/retrofit.h"
 
-#include <chrono>
 #include <cmath>
 #include <cstdio>
-#include <filesystem>
-#include <fstream>
 #include <nlohmann/json.hpp>
-#include <set>
 
 #include "core/error.h"
-#include "core/mapped_file.h"
-#include "core/progress.h"
-#include "core/threads.h"
 #include "eval/perplexity.h"
 #include "focus/sinkhorn.h"
 #include "io/safetensors.h"
 #include "io/safetensors_writer.h"
 #include "train/backward.h"
-#include "train/data.h"
 
-namespace fs = std::filesystem;
 using json = nlohmann::json;
 
 namespace focus {
@@ -65,95 +56,6 @@ json run_identity(const Model& m, const RetrofitOptions& o) {
           {"seed", o.seed},           {"balance", balance_name(o.balance)}, {"balance_weight", o.balance_weight}};
 }
 
-struct Checkpoint {
-  int64_t step = 0;
-  int64_t train_tokens = 0;
-  double seconds = 0;
-  ValidResult before;
-};
-
-void save_checkpoint(const std::string& path, const FocusRouters& f, const AdamWState& st, const Checkpoint& c,
-                     const json& identity, const std::vector<BiasBalancer>& balancers) {
-  std::map<std::string, io::F32Tensor> t;
-  for (size_t r = 0; r < f.routers.size(); ++r) {
-    const auto& rp = f.routers[r];
-    const std::string p = "router." + std::to_string(r) + ".";
-    t[p + "params"] = {{(int64_t)rp.params.size()}, rp.params};
-    t[p + "bias"] = {{(int64_t)rp.bias.size()}, rp.bias};
-    if (st.m.size() == f.routers.size()) {
-      t[p + "adam_m"] = {{(int64_t)st.m[r].size()}, st.m[r]};
-      t[p + "adam_v"] = {{(int64_t)st.v[r].size()}, st.v[r]};
-    }
-
-  }
-  json meta = {{"step", c.step},         {"adam_t", st.t},          {"train_tokens", c.train_tokens},
-               {"seconds", c.seconds},   {"before", valid_json(c.before)}, {"identity", identity}};
-  // Running group loads of the bias balancer, in JSON (doubles round-trip exactly).
-  json loads = json::array();
-  for (const auto& b : balancers) loads.push_back(b.load);
-  meta["balance_load"] = loads;
-  io::save_safetensors(path, t, {{"focus_checkpoint", meta.dump()}});
-}
-
-Checkpoint load_checkpoint(const std::string& path, FocusRouters& f, AdamWState& st, const json& identity,
-                           std::vector<BiasBalancer>& balancers) {
-  io::SafetensorsFile file(path);
-  const json& md = file.metadata();
-  FOCUS_CHECK(md.contains("focus_checkpoint"), path, ": not a focus retrofit checkpoint");
-  json meta;
-  try {
-    meta = json::parse(md["focus_checkpoint"].get<std::string>());
-  } catch (const json::exception& e) {
-    fail(path, ": malformed checkpoint metadata: ", e.what());
-  }
-  if (meta["identity"] != identity)
-    fail(path, ": the checkpoint was made with other settings; resume with the same flags (checkpoint: ",
-         meta["identity"].dump(), ")");
-  Checkpoint c;
-  c.step = meta.at("step").get<int64_t>();
-  c.train_tokens = meta.value("train_tokens", int64_t(0));
-  c.seconds = meta.value("seconds", 0.0);
-  c.before = valid_from_json(meta.at("before"));
-  st.t = meta.at("adam_t").get<int64_t>();
-  st.m.assign(f.routers.size(), {});
-  st.v.assign(f.routers.size(), {});
-  for (size_t r = 0; r < f.routers.size(); ++r) {
-    const std::string p = "router." + std::to_string(r) + ".";
-    auto get = [&](const std::string& n, size_t size) {
-      std::vector<float> v = file.to_float(file.tensor(p + n));
-      FOCUS_CHECK(v.size() == size, path, ": tensor '", p + n, "' has ", v.size(), " values, expected ", size);
-      return v;
-    };
-    f.routers[r].params = get("params", f.routers[r].params.size());
-    f.routers[r].bias = get("bias", f.routers[r].bias.size());
-    if (r < balancers.size() && meta.contains("balance_load") && r < meta["balance_load"].size())
-      balancers[r].load = meta["balance_load"][r].get<std::vector<double>>();
-    if (st.t > 0) {
-      st.m[r] = get("adam_m", f.routers[r].params.size());
-      st.v[r] = get("adam_v", f.routers[r].params.size());
-    } else {
-      st.m[r].assign(f.routers[r].params.size(), 0.f);
-      st.v[r].assign(f.routers[r].params.size(), 0.f);
-    }
-  }
-  return c;
-}
-
-// Keeps the metrics lines of steps <= step (a resumed run rewrites what came after).
-void trim_metrics(const std::string& path, int64_t step) {
-  if (!fs::exists(path)) return;
-  std::ifstream in(path);
-  std::string line, kept;
-  while (std::getline(in, line)) {
-    try {
-      if (json::parse(line).value("step", int64_t(0)) <= step) kept += line + "\n";
-    } catch (const json::exception&) {
-      // a torn last line from an interrupted write: dropped
-    }
-  }
-  io::write_file_atomic(path, kept);
-}
-
 }  // namespace
 
 ValidResult validate(const Model& m, const FocusRouters& f, const std::vector<std::vector<int32_t>>& ids,
@@ -189,85 +91,20 @@ ValidResult validate(const Model& m, const FocusRouters& f, const std::vector<st
 }
 
 RetrofitResult run_retrofit(const Model& m, const RetrofitOptions& o) {
-  FOCUS_CHECK(m.tok, "retrofit: the model has no tokenizer");
-  FOCUS_CHECK(!o.train.empty(), "retrofit: give at least one --train file");
-  FOCUS_CHECK(!o.valid.empty(), "retrofit: give at least one --valid file");
-  FOCUS_CHECK(!o.out.empty(), "retrofit: give --out DIR");
-  FOCUS_CHECK(o.steps >= 0 && o.batch >= 1 && o.ctx >= 8, "retrofit: need steps >= 0, batch >= 1, ctx >= 8");
-  {
-    std::set<std::string> tr;
-    for (const auto& t : o.train) tr.insert(fs::weakly_canonical(t).string());
-    for (const auto& v : o.valid)
-      FOCUS_CHECK(!tr.count(fs::weakly_canonical(v).string()), v,
-                  ": a document cannot be both training and validation text (split by document)");
-  }
-  if (m.cfg.learned_pos)
-    FOCUS_CHECK(o.ctx <= m.cfg.max_ctx, "retrofit: ctx ", o.ctx, " exceeds the model's ", m.cfg.max_ctx,
-                " positions");
-  std::error_code ec;
-  fs::create_directories(o.out, ec);
-  FOCUS_CHECK(!ec, o.out, ": cannot create the output folder: ", ec.message());
-
-  const int32_t bos = m.tok->bos();
-  const auto train_docs = tokenize_docs(*m.tok, o.train);
-  const auto valid_docs = tokenize_docs(*m.tok, o.valid);
-  std::vector<std::vector<int32_t>> vids, vtgt;
-  for (const auto& r : validation_windows(valid_docs, o.ctx, bos, o.valid_windows)) {
-    Window w = make_window(valid_docs, r, o.ctx, bos);
-    vids.push_back(std::move(w.ids));
-    vtgt.push_back(std::move(w.targets));
-  }
-  std::fprintf(stderr, "[retrofit] train %lld tokens in %zu docs, valid %zu windows of %lld from %zu docs\n",
-               (long long)total_tokens(train_docs), train_docs.size(), vids.size(), (long long)o.ctx,
-               valid_docs.size());
+  const TrainData d = prepare_train_data(m, o, "retrofit");
 
   FocusSettings fs_ = o.focus;
   fs_.mode = FocusMode::Soft;
   FocusRouters f = focus_init(m.cfg, fs_, o.seed);
   FOCUS_CHECK(!f.routers.empty(), "retrofit: the model has no global attention layer to route");
-  AdamWState st;
-  Checkpoint ck;
   std::vector<BiasBalancer> balancers;
   if (o.balance == Balance::Bias)
     for (size_t r = 0; r < f.routers.size(); ++r)
       balancers.emplace_back(f.settings.groups, o.balance_weight, 0.9f, BiasRule::kSign);
-  const json identity = run_identity(m, o);
-  const std::string ckpt_path = (fs::path(o.out) / "checkpoint.safetensors").string();
-  const std::string metrics_path = (fs::path(o.out) / "metrics.jsonl").string();
-  bool have_before = false;
-  if (o.resume && fs::exists(ckpt_path)) {
-    ck = load_checkpoint(ckpt_path, f, st, identity, balancers);
-    have_before = true;
-    trim_metrics(metrics_path, ck.step);
-    std::fprintf(stderr, "[retrofit] resuming from %s at step %lld\n", ckpt_path.c_str(), (long long)ck.step);
-  } else {
-    FOCUS_CHECK(!o.resume || !fs::exists(metrics_path), ckpt_path,
-                ": --resume given but no checkpoint exists (start without --resume)");
-    io::write_file_atomic(metrics_path, "");
-  }
-  std::ofstream metrics(metrics_path, std::ios::app);
-  FOCUS_CHECK(metrics.good(), metrics_path, ": cannot open for writing");
-  auto log = [&](const json& j) {
-    metrics << j.dump() << "\n";
-    metrics.flush();
-  };
-
-  RetrofitResult res;
-  res.router_params = f.n_params();
-  if (!have_before) {
-    std::fprintf(stderr, "[retrofit] validating the pretrained model and the initial routers...\n");
-    ck.before = validate(m, f, vids, vtgt, true);
-    log({{"step", 0}, {"valid", valid_json(ck.before)}});
-  }
-  res.before = ck.before;
-
-  std::vector<std::vector<float>*> params;
-  for (auto& r : f.routers) params.push_back(&r.params);
-  std::vector<std::vector<float>> grads(f.routers.size());
 
   // Auxiliary balancing inside the backward pass: SwAV targets from Sinkhorn over the window's
   // scores (no gradient), cross-entropy against p; or load observation for the bias rule.
-  float swav_scale = 0;
+  const float swav_scale = o.balance_weight / (float)o.batch;
   RouterAuxHook hook = nullptr;
   if (o.balance == Balance::Swav)
     hook = [&](int64_t r, const RouterCache& rc, float* ds) {
@@ -279,79 +116,67 @@ RetrofitResult run_retrofit(const Model& m, const RetrofitOptions& o) {
   else if (o.balance == Balance::Bias)
     hook = [&](int64_t r, const RouterCache& rc, float*) { balancers[r].observe_soft(rc.p.data(), rc.n); };
 
-  install_interrupt_handler();
-  Progress bar("retrofit", o.steps, "step");
-  const auto t0 = std::chrono::steady_clock::now();
-  auto elapsed = [&] { return ck.seconds + std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(); };
-  auto last_ckpt = std::chrono::steady_clock::now();
-  const int64_t tokens_per_step = o.batch * (o.ctx - 1);
-  int64_t step = ck.step;
-  const int64_t first_step = ck.step;
-  double run_tokens = 0;
-  const auto run_start = std::chrono::steady_clock::now();
-  while (step < o.steps) {
-    if (interrupted() || (o.stop_after > 0 && step - first_step >= o.stop_after)) {
-      res.interrupted = true;
-      break;
-    }
-    for (auto& g : grads) g.assign(g.empty() ? 0 : g.size(), 0.f);
-    for (size_t r = 0; r < f.routers.size(); ++r) grads[r].assign(f.routers[r].params.size(), 0.f);
-    const float loss_scale = 1.0f / (float)tokens_per_step;
-    swav_scale = o.balance_weight / (float)o.batch;
-    double loss = 0;
-    for (int64_t b = 0; b < o.batch; ++b) {
-      const Window w = make_window(train_docs, sample_window(train_docs, o.ctx, bos, o.seed, step, b), o.ctx, bos);
-      const TrainWindow tw{w.ids.data(), (int64_t)w.ids.size(), w.targets.data()};
-      loss += focus_router_loss_and_grad(m, f, tw, loss_scale, &grads, hook).loss_sum;
-    }
-    const float lr = lr_schedule(o.adam.lr, step, o.steps, o.warmup);
-    const double gnorm = adamw_step(o.adam, lr, params, grads, st);
+  TrainTask task;
+  task.name = "retrofit";
+  task.identity = run_identity(m, o);
+  for (size_t r = 0; r < f.routers.size(); ++r) {
+    task.params.push_back(&f.routers[r].params);
+    task.block_names.push_back("router." + std::to_string(r) + ".");
+  }
+  task.loss_and_grad = [&](const TrainWindow& w, float loss_scale, std::vector<std::vector<float>>& grads) {
+    return focus_router_loss_and_grad(m, f, w, loss_scale, &grads, hook).loss_sum;
+  };
+  task.after_step = [&] {
     for (size_t r = 0; r < balancers.size(); ++r) balancers[r].update(f.routers[r].bias.data());
-    ++step;
-    ck.step = step;
-    ck.train_tokens += tokens_per_step;
-    run_tokens += tokens_per_step;
-    const double run_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - run_start).count();
-    const double train_nll = loss / tokens_per_step;
-    log({{"step", step}, {"loss", train_nll}, {"lr", lr}, {"grad_norm", gnorm}, {"train_tokens", ck.train_tokens},
-         {"seconds", elapsed()}, {"tokens_per_s", run_tokens / std::max(run_s, 1e-9)}});
-    if (o.progress) {
-      char extra[128];
-      std::snprintf(extra, sizeof(extra), "loss %.4f lr %.2e  %.0f tok/s", train_nll, lr, run_tokens / std::max(run_s, 1e-9));
-      bar.update(step, extra);
+  };
+  task.validate = [&](ValidPhase phase, int64_t step, const json& before) {
+    if (phase == ValidPhase::Initial) {
+      std::fprintf(stderr, "[retrofit] validating the pretrained model and the initial routers...\n");
+      return valid_json(validate(m, f, d.valid_ids, d.valid_targets, true));
     }
-    const bool last = step == o.steps;
-    if (!last && o.eval_every > 0 && step % o.eval_every == 0) {
-      const ValidResult v = validate(m, f, vids, vtgt, false);
-      log({{"step", step}, {"valid", valid_json(v)}});
+    ValidResult v = validate(m, f, d.valid_ids, d.valid_targets, false);
+    if (phase == ValidPhase::Periodic) {
       std::fprintf(stderr, "\n[retrofit] step %lld: valid ppl soft %.3f hard %.3f (density %.3f, load %.2f)\n",
                    (long long)step, v.ppl_soft, v.ppl_hard, v.density_hard, v.load_max_over_mean);
+    } else {
+      const ValidResult b = valid_from_json(before);
+      v.ppl_pretrained = b.ppl_pretrained;
+      v.ppl_window = b.ppl_window;
     }
-    if (!last && std::chrono::duration<double>(std::chrono::steady_clock::now() - last_ckpt).count() >=
-                     o.checkpoint_seconds) {
-      ck.seconds = elapsed();
-      save_checkpoint(ckpt_path, f, st, ck, identity, balancers);
-      last_ckpt = std::chrono::steady_clock::now();
+    return valid_json(v);
+  };
+  task.save_outputs = [&] { save_focus(f, o.out, m.cfg, m.path); };
+  // The balancing bias (no gradient) and the bias balancer's running group loads (in JSON, where
+  // doubles round-trip exactly) travel with the checkpoint.
+  task.save_state = [&](std::map<std::string, io::F32Tensor>& t, json& meta) {
+    for (size_t r = 0; r < f.routers.size(); ++r)
+      t["router." + std::to_string(r) + ".bias"] = {{(int64_t)f.routers[r].bias.size()}, f.routers[r].bias};
+    json loads = json::array();
+    for (const auto& b : balancers) loads.push_back(b.load);
+    meta["balance_load"] = loads;
+  };
+  task.load_state = [&](const io::SafetensorsFile& file, const json& meta) {
+    for (size_t r = 0; r < f.routers.size(); ++r) {
+      const std::string n = "router." + std::to_string(r) + ".bias";
+      std::vector<float> v = file.to_float(file.tensor(n));
+      FOCUS_CHECK(v.size() == f.routers[r].bias.size(), file.path(), ": tensor '", n, "' has ", v.size(),
+                  " values, expected ", f.routers[r].bias.size());
+      f.routers[r].bias = std::move(v);
+      if (r < balancers.size() && meta.contains("balance_load") && r < meta["balance_load"].size())
+        balancers[r].load = meta["balance_load"][r].get<std::vector<double>>();
     }
-  }
-  if (o.progress) bar.finish();
-  res.steps = step;
-  res.train_tokens = ck.train_tokens;
-  res.seconds = elapsed();
-  const double run_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - run_start).count();
-  res.tokens_per_s = run_tokens > 0 ? run_tokens / run_s : 0;
-  ck.seconds = res.seconds;
-  save_checkpoint(ckpt_path, f, st, ck, identity, balancers);
-  save_focus(f, o.out, m.cfg, m.path);
-  if (res.interrupted) {
-    std::fprintf(stderr, "[retrofit] interrupted at step %lld; checkpoint saved, continue with --resume\n",
-                 (long long)step);
-    return res;
-  }
-  res.after = validate(m, f, vids, vtgt, false);
-  res.after.ppl_pretrained = res.before.ppl_pretrained;
-  res.after.ppl_window = res.before.ppl_window;
-  log({{"step", step}, {"valid", valid_json(res.after)}, {"final", true}});
+  };
+
+  const TrainLoopResult lr = run_train_loop(m, o, d, task);
+  RetrofitResult res;
+  res.router_params = f.n_params();
+  res.before = valid_from_json(lr.before);
+  if (!lr.interrupted) res.after = valid_from_json(lr.after);
+  res.steps = lr.steps;
+  res.train_tokens = lr.train_tokens;
+  res.seconds = lr.seconds;
+  res.tokens_per_s = lr.tokens_per_s;
+  res.interrupted = lr.interrupted;
   return res;
 }
 

@@ -1,4 +1,5 @@
-// Retrofit: train only the Focus routers of a frozen pretrained model on a user's text.
+// Retrofit: train only the Focus routers of a frozen pretrained model on a user's text (the
+// shared loop of trainer.h with the routers as the trainable set).
 #pragma once
 #include <cstdint>
 #include <string>
@@ -7,31 +8,17 @@
 #include "focus/focus_model.h"
 #include "model/model.h"
 #include "train/adamw.h"
+#include "train/trainer.h"
 
 namespace focus {
 
 enum class Balance { None, Swav, Bias };
 Balance parse_balance(const std::string& s);  // "none" | "swav" | "bias"
 
-struct RetrofitOptions {
-  std::vector<std::string> train, valid;  // text files; a file is a document (split by document)
-  int64_t ctx = 1024;
-  int64_t steps = 100;
-  int64_t batch = 4;                      // windows per step
-  int64_t warmup = 10;
-  AdamWConfig adam;
+struct RetrofitOptions : TrainOptions {
   FocusSettings focus;                    // window, sinks, groups, dg, topk (hard validation), tau
   Balance balance = Balance::None;
   float balance_weight = 0.1f;            // SwAV loss weight, or the bias update rate
-  int64_t eval_every = 50;                // validation every N steps (and at the end)
-  int64_t valid_windows = 16;
-  double checkpoint_seconds = 300;        // atomic checkpoint at least this often (and at the end)
-  std::string out;                        // output folder
-  bool resume = false;
-  int64_t stop_after = 0;                 // end this run after N steps (0: run to --steps), as
-                                          // an interruption: checkpoint written, --resume goes on
-  uint64_t seed = 1;
-  bool progress = true;
 };
 
 struct ValidResult {

@@ -27,50 +27,22 @@ inline int64_t key_lo(int64_t p, int64_t window) { return window > 0 ? std::max<
 // Key and value tiles. A key tile is stored transposed, kt [hdp][kBk]; a value tile as rows,
 // v [kBk][hdp]. Slots past the last key and dimensions past head_dim are zero.
 
-// One step of a 16 x 16 transpose held in 16 registers: swaps the off-diagonal B x B blocks of
-// every 2B x 2B block (rows i and i + B exchange the halves selected by bit B of the column).
-template <int B, bool Upper>
-constexpr int transpose_lane(int j) {
-  return Upper ? ((j & B) ? kV + j : j + B) : ((j & B) ? kV + j - B : j);
-}
-template <int B, bool Upper, int... J>
-constexpr vi16 transpose_mask(std::integer_sequence<int, J...>) {
-  return vi16{transpose_lane<B, Upper>(J)...};
-}
-template <int B>
-inline void transpose_step(v16 (&r)[kV]) {
-  constexpr vi16 m_lo = transpose_mask<B, false>(std::make_integer_sequence<int, kV>{});
-  constexpr vi16 m_hi = transpose_mask<B, true>(std::make_integer_sequence<int, kV>{});
-  for (int i = 0; i < kV; ++i) {
-    if (i & B) continue;
-    const v16 a = r[i], b = r[i + B];
-    r[i] = __builtin_shuffle(a, b, m_lo);
-    r[i + B] = __builtin_shuffle(a, b, m_hi);
-  }
-}
-inline void transpose16(v16 (&r)[kV]) {
-  transpose_step<1>(r);
-  transpose_step<2>(r);
-  transpose_step<4>(r);
-  transpose_step<8>(r);
-}
-
-// kt[d][c] = k[c * stride + d] for c < cols, d < hd; zero elsewhere. 16 x 16 blocks at a time.
+// kt[d][c] = k[c * stride + d] for c < cols, d < hd; zero elsewhere. kV x kV blocks at a time.
 void pack_keys(const float* k, int64_t stride, int cols, int64_t hd, int64_t hdp, float* kt) {
   for (int c0 = 0; c0 < kBk; c0 += kV) {
     const int nc = std::clamp(cols - c0, 0, kV);
     for (int64_t d0 = 0; d0 < hdp; d0 += kV) {
       const int nd = (int)std::clamp<int64_t>(hd - d0, 0, kV);
-      v16 r[kV];
+      vf r[kV];
       if (nc == kV && nd == kV) {
         for (int i = 0; i < kV; ++i) r[i] = load(k + (c0 + i) * stride + d0);
       } else {
         for (int i = 0; i < kV; ++i) {
-          r[i] = v16{};
+          r[i] = vf{};
           if (i < nc) std::memcpy(&r[i], k + (c0 + i) * stride + d0, nd * sizeof(float));
         }
       }
-      transpose16(r);
+      transpose(r);
       for (int i = 0; i < kV; ++i) store(kt + (d0 + i) * kBk + c0, r[i]);
     }
   }
@@ -129,7 +101,6 @@ struct Spans {
 // not visible) and updates the running maxima and sums and the output rows. Always the exact
 // (zero below e^-87) exponential, so a row's bits do not depend on the rows it is blocked with.
 void softmax_block(QueryTile& t, int rb, int nr, const Spans& sp, int cv0, int cv1) {
-  const vi16 iota{0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
   float mx[4] = {};
   bool live[4] = {};
   for (int i = 0; i < nr; ++i) {
@@ -140,11 +111,11 @@ void softmax_block(QueryTile& t, int rb, int nr, const Spans& sp, int cv0, int c
       continue;
     }
     const bool full = lo <= cv0 * kV && hi >= cv1 * kV;
-    v16 vm = bcast(kNegInf);
+    vf vm = bcast(kNegInf);
     for (int c = cv0; c < cv1; ++c) {
-      v16 x = load(sr + c * kV);
+      vf x = load(sr + c * kV);
       if (!full) {
-        const vi16 col = iota + c * kV;
+        const vi col = iota + c * kV;
         x = select((col >= lo) & (col < hi), x, bcast(kNegInf));
         store(sr + c * kV, x);
       }
@@ -153,18 +124,18 @@ void softmax_block(QueryTile& t, int rb, int nr, const Spans& sp, int cv0, int c
     mx[i] = std::max(t.m[r], hmax(vm));
     live[i] = true;
   }
-  v16 diff{};
+  vf diff{};
   for (int i = 0; i < nr; ++i)
     if (live[i]) diff[i] = t.m[rb + i] - mx[i];
-  const v16 alpha = vexp(diff);  // 0 on a row's first visible tile (m = -inf)
+  const vf alpha = vexp(diff);  // 0 on a row's first visible tile (m = -inf)
   for (int i = 0; i < nr; ++i) {
     if (!live[i]) continue;
     const int r = rb + i;
     float* sr = t.s.data() + r * kBk;
-    const v16 mv = bcast(mx[i]);
-    v16 sum{};
+    const vf mv = bcast(mx[i]);
+    vf sum{};
     for (int c = cv0; c < cv1; ++c) {
-      const v16 e = vexp(load(sr + c * kV) - mv);
+      const vf e = vexp(load(sr + c * kV) - mv);
       store(sr + c * kV, e);
       sum += e;
     }
@@ -180,7 +151,7 @@ void softmax_block(QueryTile& t, int rb, int nr, const Spans& sp, int cv0, int c
 }
 
 // Rows [r0, r1) of the query tile against one key tile, in blocks of 4 rows, each block limited
-// to the 16-column vectors its rows see.
+// to the column vectors its rows see.
 void visit_tile(QueryTile& t, const float* kt, const float* v, int64_t ldv, int r0, int r1, const Spans& sp) {
   for (int rb = r0; rb < r1; rb += 4) {
     const int nr = std::min(4, r1 - rb);

@@ -1,0 +1,102 @@
+// Tiny random models of each architecture (Llama with GQA, Gemma 3 with sliding-window layers,
+// QK norms and post norms, GPT-2 with biases and learned positions) for gradient checks.
+#pragma once
+#include <cmath>
+#include <memory>
+#include <random>
+#include <vector>
+
+#include "model/model.h"
+
+namespace focus::test {
+
+inline std::vector<float> random_normal(size_t n, uint32_t seed, float scale = 1.f) {
+  std::mt19937 g(seed);
+  std::normal_distribution<float> d(0.f, scale);
+  std::vector<float> v(n);
+  for (auto& x : v) x = d(g);
+  return v;
+}
+
+// vocab 50, dim 32, 3 layers, 4 heads (2 kv heads except GPT-2), head dim 8, ffn 48, 64 positions.
+inline std::unique_ptr<Model> random_model(Arch arch, uint32_t seed) {
+  auto m = std::make_unique<Model>();
+  ModelConfig& c = m->cfg;
+  c.arch = arch;
+  c.vocab = 50;
+  c.dim = 32;
+  c.layers = 3;
+  c.heads = 4;
+  c.kv_heads = arch == Arch::GPT2 ? 4 : 2;
+  c.head_dim = 8;
+  c.ffn = 48;
+  c.max_ctx = 64;
+  c.norm_eps = 1e-5f;
+  c.attn_scale = 1.f / std::sqrt(8.f);
+  c.layer_window.assign(c.layers, 0);
+  if (arch == Arch::Llama) {
+    c.rope_dim = 8;
+    c.rope_style = cpu::RopeStyle::Interleaved;
+  } else if (arch == Arch::Gemma3) {
+    c.rope_dim = 8;
+    c.rope_style = cpu::RopeStyle::SplitHalf;
+    c.rope_theta_local = 1000.f;
+    c.mlp = MlpKind::GeGLU;
+    c.qk_norm = true;
+    c.post_norms = true;
+    c.embed_scale = std::sqrt(32.f);
+    c.layer_window = {5, 0, 5};  // local, global, local
+  } else {
+    c.norm = NormKind::Layer;
+    c.mlp = MlpKind::GELU;
+    c.learned_pos = true;
+  }
+  uint32_t s = seed;
+  auto mat = [&](int64_t n, float scale) { return m->w.keep(random_normal(n, ++s, scale)); };
+  auto normw = [&](int64_t n) {
+    auto v = random_normal(n, ++s, 0.1f);
+    for (auto& x : v) x += 1.f;
+    return m->w.keep(v);
+  };
+  const bool bias = arch == Arch::GPT2;
+  const float ws = 1.f / std::sqrt((float)c.dim);
+  m->w.tok_emb = mat(c.vocab * c.dim, arch == Arch::Gemma3 ? 0.2f : 1.f);
+  if (c.learned_pos) m->w.pos_emb = mat(c.max_ctx * c.dim, 0.3f);
+  m->w.out_norm = normw(c.dim);
+  if (bias) m->w.out_norm_b = mat(c.dim, 0.1f);
+  m->w.lm_head = m->w.tok_emb;
+  for (int64_t l = 0; l < c.layers; ++l) {
+    LayerWeights L;
+    L.attn_norm = normw(c.dim);
+    L.wq = mat(c.q_dim() * c.dim, ws);
+    L.wk = mat(c.kv_dim() * c.dim, ws);
+    L.wv = mat(c.kv_dim() * c.dim, ws);
+    L.wo = mat(c.dim * c.q_dim(), ws);
+    L.ffn_norm = normw(c.dim);
+    L.w_up = mat(c.ffn * c.dim, ws);
+    L.w_down = mat(c.dim * c.ffn, 1.f / std::sqrt((float)c.ffn));
+    if (c.mlp != MlpKind::GELU) L.w_gate = mat(c.ffn * c.dim, ws);
+    if (bias) {
+      L.attn_norm_b = mat(c.dim, 0.1f);
+      L.ffn_norm_b = mat(c.dim, 0.1f);
+      L.bq = mat(c.q_dim(), 0.1f);
+      L.bk = mat(c.kv_dim(), 0.1f);
+      L.bv = mat(c.kv_dim(), 0.1f);
+      L.bo = mat(c.dim, 0.1f);
+      L.b_up = mat(c.ffn, 0.1f);
+      L.b_down = mat(c.dim, 0.1f);
+    }
+    if (c.qk_norm) {
+      L.q_norm = normw(c.head_dim);
+      L.k_norm = normw(c.head_dim);
+    }
+    if (c.post_norms) {
+      L.post_attn_norm = normw(c.dim);
+      L.post_ffn_norm = normw(c.dim);
+    }
+    m->w.layers.push_back(L);
+  }
+  return m;
+}
+
+}  // namespace focus::test

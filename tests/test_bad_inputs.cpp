@@ -16,6 +16,8 @@
 #include "test_util.h"
 
 namespace fs = std::filesystem;
+using focus::test::stories;
+using focus::test::tok512;
 
 namespace {
 
@@ -121,8 +123,6 @@ void expect_clean_error(const std::string& args, const std::string& file, const 
   EXPECT_EQ(r.err.find("runtime error"), std::string::npos) << r.err;
 }
 
-std::string stories() { return focus::test::data_path("models/stories260K/stories260K.bin"); }
-std::string tok512() { return focus::test::data_path("models/stories260K/tok512.bin"); }
 
 }  // namespace
 

@@ -12,10 +12,12 @@
 #include "test_util.h"
 
 using namespace focus;
+using focus::test::book;
+using focus::test::stories;
+using focus::test::tok512;
 
 namespace {
 
-std::string stories() { return test::data_path("models/stories260K/stories260K.bin"); }
 
 std::vector<float> run(const Model& m, const std::vector<int32_t>& ids, const FocusRouters* f) {
   KVCache c;

@@ -27,6 +27,9 @@
 #include "test_util.h"
 
 using namespace focus;
+using focus::test::book;
+using focus::test::stories;
+using focus::test::tok512;
 using focus::test::random_model;
 namespace fs = std::filesystem;
 
@@ -449,9 +452,6 @@ TEST(LoraFiles, BadFilesAreRefusedNamingTheFile) {
 
 namespace {
 
-std::string stories() { return test::data_path("models/stories260K/stories260K.bin"); }
-std::string tok() { return test::data_path("models/stories260K/tok512.bin"); }
-std::string book(const char* name) { return test::data_path(std::string("text/") + name); }
 
 LoraOptions small_lora_run(const std::string& out) {
   LoraOptions o;
@@ -482,7 +482,7 @@ std::vector<std::vector<float>> lora_params(const std::string& dir, const ModelC
 TEST(LoraTrain, Stories260KEndToEnd) {
   FOCUS_NEED_FILE(stories());
   FOCUS_NEED_FILE(book("pg-345-dracula.txt"));
-  auto m = load_model(stories(), LoadOptions{tok()});
+  auto m = load_model(stories(), LoadOptions{tok512()});
   const std::string out = ::testing::TempDir() + "/focus_lora_e2e";
   const LoraOptions o = small_lora_run(out);
   const LoraResult r = run_lora(*m, o);
@@ -523,7 +523,7 @@ TEST(LoraTrain, Stories260KEndToEnd) {
 
   // A freshly loaded model with the saved adapters merged evaluates the validation windows to
   // the perplexity the trainer reported.
-  auto m2 = load_model(stories(), LoadOptions{tok()});
+  auto m2 = load_model(stories(), LoadOptions{tok512()});
   load_and_apply_lora(*m2, out);
   const auto vdocs = tokenize_docs(*m2->tok, o.valid);
   double nll = 0;
@@ -541,7 +541,7 @@ TEST(LoraTrain, Stories260KEndToEnd) {
 TEST(LoraTrain, InterruptedRunResumesToTheSameBits) {
   FOCUS_NEED_FILE(stories());
   FOCUS_NEED_FILE(book("pg-345-dracula.txt"));
-  auto m = load_model(stories(), LoadOptions{tok()});
+  auto m = load_model(stories(), LoadOptions{tok512()});
   const std::string a = ::testing::TempDir() + "/focus_lora_a", b = ::testing::TempDir() + "/focus_lora_b";
   LoraOptions oa = small_lora_run(a);
   oa.steps = 10;
@@ -591,7 +591,7 @@ TEST(LoraTrain, CommandLine) {
     const size_t nl = text.find_last_of('\n', text.size() >= 2 ? text.size() - 2 : 0);
     return nlohmann::json::parse(nl == std::string::npos ? text : text.substr(nl + 1));
   };
-  const std::string model = "--model " + stories() + " --tokenizer " + tok();
+  const std::string model = "--model " + stories() + " --tokenizer " + tok512();
   const auto j = run("lora " + model + " --train " + book("pg-345-dracula.txt") + " --valid " +
                      book("pg-1342-pride-and-prejudice.txt") +
                      " --ctx 128 --rank 2 --targets qv --steps 6 --batch 2 --lr 1e-2 --valid-windows 3 --out " + out +

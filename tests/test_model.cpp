@@ -15,9 +15,11 @@
 #include "test_util.h"
 
 using namespace focus;
+using focus::test::book;
+using focus::test::stories;
+using focus::test::tok512;
 
 namespace {
-std::string stories() { return test::data_path("models/stories260K/stories260K.bin"); }
 }  // namespace
 
 TEST(Stories260K, LogitsAfterBosMatchRecordedTop5) {

@@ -15,13 +15,13 @@
 #include "test_util.h"
 
 using namespace focus;
+using focus::test::book;
+using focus::test::stories;
+using focus::test::tok512;
 namespace fs = std::filesystem;
 
 namespace {
 
-std::string stories() { return test::data_path("models/stories260K/stories260K.bin"); }
-std::string tok() { return test::data_path("models/stories260K/tok512.bin"); }
-std::string book(const char* name) { return test::data_path(std::string("text/") + name); }
 
 RetrofitOptions small_run(const std::string& out) {
   RetrofitOptions o;
@@ -56,7 +56,7 @@ std::vector<std::vector<float>> router_params(const std::string& dir, const Mode
 TEST(Retrofit, Stories260KEndToEnd) {
   FOCUS_NEED_FILE(stories());
   FOCUS_NEED_FILE(book("pg-345-dracula.txt"));
-  auto m = load_model(stories(), LoadOptions{tok()});
+  auto m = load_model(stories(), LoadOptions{tok512()});
   const std::string out = ::testing::TempDir() + "/focus_retrofit_e2e";
   RetrofitOptions o = small_run(out);
   const RetrofitResult r = run_retrofit(*m, o);
@@ -107,7 +107,7 @@ TEST(Retrofit, Stories260KEndToEnd) {
 TEST(Retrofit, InterruptedRunResumesToTheSameBits) {
   FOCUS_NEED_FILE(stories());
   FOCUS_NEED_FILE(book("pg-345-dracula.txt"));
-  auto m = load_model(stories(), LoadOptions{tok()});
+  auto m = load_model(stories(), LoadOptions{tok512()});
   RetrofitOptions ob;
   for (Balance bal : {Balance::None, Balance::Bias, Balance::Swav}) {
     const std::string a = ::testing::TempDir() + "/focus_retrofit_a", b = ::testing::TempDir() + "/focus_retrofit_b";
@@ -145,7 +145,7 @@ TEST(Retrofit, InterruptedRunResumesToTheSameBits) {
 
 TEST(Retrofit, RefusesADocumentOnBothSides) {
   FOCUS_NEED_FILE(stories());
-  auto m = load_model(stories(), LoadOptions{tok()});
+  auto m = load_model(stories(), LoadOptions{tok512()});
   RetrofitOptions o = small_run(::testing::TempDir() + "/focus_retrofit_split");
   o.valid = {o.train[0]};
   try {

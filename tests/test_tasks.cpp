@@ -24,12 +24,13 @@
 #include "test_util.h"
 
 using namespace focus;
+using focus::test::book;
+using focus::test::stories;
+using focus::test::tok512;
 
 namespace {
 
 std::string bench(const std::string& rel = "") { return test::data_path("bench/" + rel); }
-std::string stories() { return test::data_path("models/stories260K/stories260K.bin"); }
-std::string tok512() { return test::data_path("models/stories260K/tok512.bin"); }
 
 // A file in a fresh temp folder, removed with the object.
 struct TempFile {

@@ -15,6 +15,11 @@ inline std::string data_dir() {
 }
 inline std::string data_path(const std::string& rel) { return data_dir() + "/" + rel; }
 
+// The real stories260K model, its tokenizer, and the texts of ../shared/data.
+inline std::string stories() { return data_path("models/stories260K/stories260K.bin"); }
+inline std::string tok512() { return data_path("models/stories260K/tok512.bin"); }
+inline std::string book(const std::string& name) { return data_path("text/" + name); }
+
 // Cached models ($FOCUS_CACHE/models, default ~/.cache/focus/models).
 inline std::string model_cache() {
   if (const char* e = std::getenv("FOCUS_CACHE")) return std::string(e) + "/models";

@@ -437,6 +437,30 @@ int cmd_bench_tasks(const std::string& model, const std::string& tokenizer, std:
   return rc;
 }
 
+// The flags every trainer shares (data, schedule, checkpoints, output); `what` names the
+// trained parameters in the --seed help.
+void add_train_options(CLI::App* app, TrainOptions& o, std::string& model, std::string& tokenizer, bool& as_json,
+                       const std::string& what) {
+  app->add_option("--model", model, "MODEL")->required();
+  app->add_option("--tokenizer", tokenizer, "tokenizer file (llama2.c models)");
+  app->add_option("--train", o.train, "training text files (each file is a document)")->required();
+  app->add_option("--valid", o.valid, "validation text files (never the same documents)")->required();
+  app->add_option("--ctx", o.ctx, "window length in tokens");
+  app->add_option("--steps", o.steps, "optimizer steps");
+  app->add_option("--batch", o.batch, "windows per step");
+  app->add_option("--lr", o.adam.lr, "peak learning rate (AdamW)");
+  app->add_option("--warmup", o.warmup, "warm-up steps");
+  app->add_option("--weight-decay", o.adam.weight_decay, "AdamW weight decay");
+  app->add_option("--eval-every", o.eval_every, "validate every N steps");
+  app->add_option("--valid-windows", o.valid_windows, "validation windows");
+  app->add_option("--checkpoint-seconds", o.checkpoint_seconds, "seconds between checkpoints");
+  app->add_option("--seed", o.seed, "seed (" + what + " init and window sampling)");
+  app->add_option("--out", o.out, "output folder")->required();
+  app->add_flag("--resume", o.resume, "continue from the checkpoint in --out");
+  app->add_option("--stop-after", o.stop_after, "end this run after N steps with a checkpoint (resume later)");
+  app->add_flag("--json", as_json, "last stdout line is a JSON object");
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -494,56 +518,22 @@ int main(int argc, char** argv) {
   RetrofitOptions ro;
   std::string balance = "none";
   auto* rf = app.add_subcommand("retrofit", "train the Focus routers of a frozen model on text");
-  rf->add_option("--model", model, "MODEL")->required();
-  rf->add_option("--tokenizer", tokenizer, "tokenizer file (llama2.c models)");
-  rf->add_option("--train", ro.train, "training text files (each file is a document)")->required();
-  rf->add_option("--valid", ro.valid, "validation text files (never the same documents)")->required();
-  rf->add_option("--ctx", ro.ctx, "window length in tokens");
+  add_train_options(rf, ro, model, tokenizer, as_json, "router");
   rf->add_option("--window", ro.focus.window, "Focus local window");
   rf->add_option("--sinks", ro.focus.sinks, "sink tokens");
   rf->add_option("--groups", ro.focus.groups, "groups G");
   rf->add_option("--dg", ro.focus.dg, "routing dimension d_g");
   rf->add_option("--topk", ro.focus.topk, "top-k for hard validation");
   rf->add_option("--tau", ro.focus.tau, "router temperature");
-  rf->add_option("--steps", ro.steps, "optimizer steps");
-  rf->add_option("--batch", ro.batch, "windows per step");
-  rf->add_option("--lr", ro.adam.lr, "peak learning rate (AdamW)");
-  rf->add_option("--warmup", ro.warmup, "warm-up steps");
-  rf->add_option("--weight-decay", ro.adam.weight_decay, "AdamW weight decay");
   rf->add_option("--balance", balance, "group balancing: none, swav (Sinkhorn targets), bias (load-driven bias)");
   rf->add_option("--balance-weight", ro.balance_weight, "SwAV loss weight or bias rate");
-  rf->add_option("--eval-every", ro.eval_every, "validate every N steps");
-  rf->add_option("--valid-windows", ro.valid_windows, "validation windows");
-  rf->add_option("--checkpoint-seconds", ro.checkpoint_seconds, "seconds between checkpoints");
-  rf->add_option("--seed", ro.seed, "seed (router init and window sampling)");
-  rf->add_option("--out", ro.out, "output folder")->required();
-  rf->add_flag("--resume", ro.resume, "continue from the checkpoint in --out");
-  rf->add_option("--stop-after", ro.stop_after, "end this run after N steps with a checkpoint (resume later)");
-  rf->add_flag("--json", as_json, "last stdout line is a JSON object");
 
   LoraOptions lro;
   auto* lr = app.add_subcommand("lora", "train LoRA adapters on the attention projections (the baseline)");
-  lr->add_option("--model", model, "MODEL")->required();
-  lr->add_option("--tokenizer", tokenizer, "tokenizer file (llama2.c models)");
-  lr->add_option("--train", lro.train, "training text files (each file is a document)")->required();
-  lr->add_option("--valid", lro.valid, "validation text files (never the same documents)")->required();
-  lr->add_option("--ctx", lro.ctx, "window length in tokens");
+  add_train_options(lr, lro, model, tokenizer, as_json, "adapter");
   lr->add_option("--rank", lro.lora.rank, "adapter rank r");
   lr->add_option("--alpha", lro.lora.alpha, "adapter alpha; the update is (alpha / r) B A (default 2 * rank)");
   lr->add_option("--targets", lro.lora.targets, "adapted projections, letters of qkvo (default qkvo)");
-  lr->add_option("--steps", lro.steps, "optimizer steps");
-  lr->add_option("--batch", lro.batch, "windows per step");
-  lr->add_option("--lr", lro.adam.lr, "peak learning rate (AdamW, default 1e-3)");
-  lr->add_option("--warmup", lro.warmup, "warm-up steps");
-  lr->add_option("--weight-decay", lro.adam.weight_decay, "AdamW weight decay");
-  lr->add_option("--eval-every", lro.eval_every, "validate every N steps");
-  lr->add_option("--valid-windows", lro.valid_windows, "validation windows");
-  lr->add_option("--checkpoint-seconds", lro.checkpoint_seconds, "seconds between checkpoints");
-  lr->add_option("--seed", lro.seed, "seed (adapter init and window sampling)");
-  lr->add_option("--out", lro.out, "output folder")->required();
-  lr->add_flag("--resume", lro.resume, "continue from the checkpoint in --out");
-  lr->add_option("--stop-after", lro.stop_after, "end this run after N steps with a checkpoint (resume later)");
-  lr->add_flag("--json", as_json, "last stdout line is a JSON object");
 
   int top_n = 8;
   FocusFlags gf;

@@ -213,19 +213,33 @@ struct GroupTileRows {
 
 // Window and sink part: row r (position pos[r], increasing) sees [0, min(S, lo)) u [lo, p],
 // lo = max(0, p - w + 1), when owner[r]. Keys come in original order.
-void visit_window(QueryTile& qt, RowSpan* spans, const int32_t* pos, const bool* owner, int rows, const KeyTiles& keys,
-                  int64_t w, int64_t S) {
-  int64_t sink_end = 0, band_lo = std::numeric_limits<int64_t>::max(), band_hi = -1;
-  for (int r = 0; r < rows; ++r) {
-    if (!owner[r]) continue;
-    const int64_t lo = std::max<int64_t>(0, pos[r] - w + 1);
-    sink_end = std::max(sink_end, std::min(S, lo));
-    band_lo = std::min(band_lo, lo);
-    band_hi = std::max<int64_t>(band_hi, pos[r]);
+struct WindowRows {
+  const int32_t* pos;
+  const bool* owner;
+  int rows;
+  // Key tiles the rows need: sink tiles [0, n_sink) and band tiles [b0, b1] (b1 < b0: none).
+  int64_t n_sink = 0, b0 = 0, b1 = -1;
+
+  WindowRows(const int32_t* pos_, const bool* owner_, int rows_, int64_t w, int64_t S)
+      : pos(pos_), owner(owner_), rows(rows_) {
+    int64_t sink_end = 0, band_lo = std::numeric_limits<int64_t>::max(), band_hi = -1;
+    for (int r = 0; r < rows; ++r) {
+      if (!owner[r]) continue;
+      const int64_t lo = std::max<int64_t>(0, pos[r] - w + 1);
+      sink_end = std::max(sink_end, std::min(S, lo));
+      band_lo = std::min(band_lo, lo);
+      band_hi = std::max<int64_t>(band_hi, pos[r]);
+    }
+    if (band_hi < 0) return;
+    n_sink = (sink_end + kBk - 1) / kBk;
+    b0 = band_lo / kBk;
+    b1 = band_hi / kBk;
   }
-  if (band_hi < 0) return;
-  auto clampc = [](int64_t x) { return (int)std::clamp<int64_t>(x, 0, kBk); };
-  auto tile = [&](int64_t tt) {
+  bool needs(int64_t tt) const { return tt < n_sink || (tt >= b0 && tt <= b1); }
+
+  // Visits key tile tt with every row that sees part of it.
+  void visit_tile(QueryTile& qt, RowSpan* spans, const KeyTiles& keys, int64_t w, int64_t S, int64_t tt) const {
+    auto clampc = [](int64_t x) { return (int)std::clamp<int64_t>(x, 0, kBk); };
     const int64_t j0 = tt * kBk;
     int r0 = rows, r1 = 0;
     for (int r = 0; r < rows; ++r) {
@@ -239,10 +253,15 @@ void visit_window(QueryTile& qt, RowSpan* spans, const int32_t* pos, const bool*
       if (!sp.empty()) r0 = std::min(r0, r), r1 = r + 1;
     }
     if (r0 < r1) qt.visit(keys.kt_tile(tt), keys.v_tile(tt), keys.hdp, r0, r1, spans, nullptr);
-  };
-  const int64_t n_sink = (sink_end + kBk - 1) / kBk, b0 = band_lo / kBk, b1 = band_hi / kBk;
-  for (int64_t tt = 0; tt < std::min(n_sink, b0); ++tt) tile(tt);
-  for (int64_t tt = b0; tt <= b1; ++tt) tile(tt);
+  }
+};
+
+// All key tiles of the window and sink part of one query tile, in increasing order.
+void visit_window(QueryTile& qt, RowSpan* spans, const int32_t* pos, const bool* owner, int rows, const KeyTiles& keys,
+                  int64_t w, int64_t S) {
+  const WindowRows W(pos, owner, rows, w, S);
+  for (int64_t tt = 0; tt < std::min(W.n_sink, W.b0); ++tt) W.visit_tile(qt, spans, keys, w, S, tt);
+  for (int64_t tt = W.b0; tt <= W.b1; ++tt) W.visit_tile(qt, spans, keys, w, S, tt);
 }
 
 // Same-group part of a group query tile: row r sees in-group keys [first, cut[r]) except those
@@ -300,28 +319,71 @@ void merge_states(int64_t n, int64_t heads, int64_t hd, StateRef a, StateRef b, 
   }
 }
 
-// Work item of a group pass: query tile t of group g for local head hl.
+// Key tiles that query tile t of group g visits: the group's keys up to its last row, plus (fused)
+// the window band of its rows.
+int64_t tile_cost(const PackedGroups& P, int64_t g, int64_t t, int64_t window, bool with_window) {
+  const auto seg = P.layout->group(g);
+  const int64_t last = std::min<int64_t>(seg.size(), (t + 1) * kBq) - 1;
+  int64_t cost = std::max<int64_t>(0, last - P.first[g]) / kBk + 1;
+  if (with_window) cost += (seg[last] - seg[t * kBq] + window) / kBk + 1;
+  return cost;
+}
+int64_t n_query_tiles(const GroupLayout& L, int64_t g) { return (L.size(g) + kBq - 1) / kBq; }
+
+// Work item of the group call: query tile t of group g for local head hl.
 struct GroupItem {
   int32_t g, t, hl;
-  int64_t cost;
 };
 
-// Group query tiles of all groups times the heads of one kv head, heaviest first.
-std::vector<GroupItem> group_items(const PackedGroups& P, int64_t hpk, int64_t window, bool with_window) {
-  std::vector<GroupItem> items;
+// Group query tiles of all groups times the heads of one kv head. Groups come one after another,
+// the costliest group first, and inside a group the tiles run from the last (most keys) to the
+// first: threads that take neighbouring items stream the same group's key tiles, which then stay
+// in the shared cache, and the cheapest items come last, which evens out the finish.
+std::vector<GroupItem> group_items(const PackedGroups& P, int64_t hpk, int64_t window) {
   const GroupLayout& L = *P.layout;
+  std::vector<std::pair<int64_t, int64_t>> group_cost;  // (total cost, g)
   for (int64_t g = 0; g < L.n_groups; ++g) {
-    const auto seg = L.group(g);
-    for (int64_t t = 0; t * kBq < (int64_t)seg.size(); ++t) {
-      const int64_t last = std::min<int64_t>(seg.size(), (t + 1) * kBq) - 1;
-      const int64_t p_first = seg[t * kBq], p_last = seg[last];
-      // Key tiles visited: the group's keys up to the last row, plus the window band.
-      int64_t cost = std::max<int64_t>(0, last - P.first[g]) / kBk + 1;
-      if (with_window) cost += (p_last - p_first + window) / kBk + 1;
-      for (int64_t hl = 0; hl < hpk; ++hl) items.push_back({(int32_t)g, (int32_t)t, (int32_t)hl, cost});
-    }
+    int64_t total = 0;
+    for (int64_t t = 0; t < n_query_tiles(L, g); ++t) total += tile_cost(P, g, t, window, false);
+    if (total > 0) group_cost.push_back({total, g});
   }
-  std::stable_sort(items.begin(), items.end(), [](const GroupItem& a, const GroupItem& b) { return a.cost > b.cost; });
+  std::stable_sort(group_cost.begin(), group_cost.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
+  std::vector<GroupItem> items;
+  for (const auto& gc : group_cost)
+    for (int64_t t = n_query_tiles(L, gc.second) - 1; t >= 0; --t)
+      for (int64_t hl = 0; hl < hpk; ++hl) items.push_back({(int32_t)gc.second, (int32_t)t, (int32_t)hl});
+  return items;
+}
+
+// Work item of the fused pass: query tile t, for local head hl, of every group in a batch of
+// kGroupBatch groups that has one. Tiles t of different groups cover about the same positions, so
+// their window parts need the same key tiles: the pass loads each of those once per item and
+// visits it with every tile of the batch, instead of once per group (the window band of one tile
+// is larger than L2). Batches come one after another, each with its tiles from last to first, so
+// that threads taking neighbouring items stream the same groups' key tiles, which then stay in the
+// shared cache (as in the group call).
+struct FusedItem {
+  int32_t g0, t, hl;
+};
+constexpr int kGroupBatch = 4;  // groups per fused item (measured best of 1, 2, 4, 8, 16 at 64K)
+
+std::vector<FusedItem> fused_items(const PackedGroups& P, int64_t hpk, int64_t window) {
+  const GroupLayout& L = *P.layout;
+  std::vector<std::pair<int64_t, int64_t>> batch_cost;  // (total cost, first group)
+  for (int64_t g0 = 0; g0 < L.n_groups; g0 += kGroupBatch) {
+    int64_t total = 0;
+    for (int64_t g = g0; g < std::min(L.n_groups, g0 + kGroupBatch); ++g)
+      for (int64_t t = 0; t < n_query_tiles(L, g); ++t) total += tile_cost(P, g, t, window, true);
+    if (total > 0) batch_cost.push_back({total, g0});
+  }
+  std::stable_sort(batch_cost.begin(), batch_cost.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
+  std::vector<FusedItem> items;
+  for (const auto& bc : batch_cost) {
+    int64_t nt = 0;
+    for (int64_t g = bc.second; g < std::min(L.n_groups, bc.second + kGroupBatch); ++g) nt = std::max(nt, n_query_tiles(L, g));
+    for (int64_t t = nt - 1; t >= 0; --t)
+      for (int64_t hl = 0; hl < hpk; ++hl) items.push_back({(int32_t)bc.second, (int32_t)t, (int32_t)hl});
+  }
   return items;
 }
 
@@ -334,13 +396,36 @@ struct GroupSink {
   int64_t hoff;     // head offset into o (kv head's first query head, or 0 for slot buffers)
 };
 
-// Runs every group query tile of kv head kvh (inside a parallel region).
-// with_window: also the window and sink part (fused). Outputs: topk 1 -> sinks[0] (final);
-// topk 2 -> sinks[0] for tiles of the token's first group, sinks[1] for the second.
+// Loads the query rows of a group tile for head h.
+void load_rows(QueryTile& qt, const GroupTileRows& R, const float* q, const FocusAttnShape& s, int64_t h) {
+  const int64_t hd = s.head_dim;
+  qt.reset(R.rows);
+  for (int i = 0; i < R.rows; ++i) {
+    if (i + kAhead < R.rows) prefetch_row<0>(q + (int64_t)R.token[i + kAhead] * s.q_stride + h * hd, hd);
+    qt.load_row(i, q + (int64_t)R.token[i] * s.q_stride + h * hd, hd, s.scale);
+  }
+}
+
+// Writes the rows of a finished group tile of local head hl: topk 1 -> sinks[0] (final); topk 2
+// -> sinks[0] for the tiles of a token's first group, sinks[1] for its second.
+void store_rows(const QueryTile& qt, const GroupTileRows& R, const GroupSink* sinks, const FocusAttnShape& s,
+                int64_t hl) {
+  const int64_t hd = s.head_dim;
+  for (int i = 0; i < R.rows; ++i) {
+    const GroupSink& dst = sinks[R.owner[i] ? 0 : 1];
+    if (i + kAhead < R.rows) {
+      const GroupSink& nx = sinks[R.owner[i + kAhead] ? 0 : 1];
+      prefetch_row<1>(nx.o + (int64_t)R.token[i + kAhead] * nx.ostride + (nx.hoff + hl) * hd, hd);
+    }
+    qt.store_row(i, dst.o + (int64_t)R.token[i] * dst.ostride + (dst.hoff + hl) * hd, hd,
+                 dst.lse ? dst.lse + hl * s.n + R.token[i] : nullptr);
+  }
+}
+
+// The group call: every group query tile of kv head kvh (inside a parallel region).
 void run_group_tiles(const float* q, const FocusAttnShape& s, const Routing& r, const PackedGroups& P,
-                     const KeyTiles& gkeys, const KeyTiles* okeys, const std::vector<GroupItem>& items, int64_t kvh,
-                     const GroupSink* sinks) {
-  const int64_t hd = s.head_dim, hpk = s.heads / s.kv_heads;
+                     const KeyTiles& gkeys, const std::vector<GroupItem>& items, int64_t kvh, const GroupSink* sinks) {
+  const int64_t hpk = s.heads / s.kv_heads;
   QueryTile qt(gkeys.hdp);
   RowSpan spans[kBq];
   GroupTileRows R;
@@ -348,24 +433,55 @@ void run_group_tiles(const float* q, const FocusAttnShape& s, const Routing& r, 
 #pragma omp for schedule(dynamic, 1)
   for (size_t it = 0; it < items.size(); ++it) {
     const GroupItem& item = items[it];
-    const int64_t h = kvh * hpk + item.hl;
     R.build(P, r, item.g, item.t, s.window);
-    qt.reset(R.rows);
-    for (int i = 0; i < R.rows; ++i) {
-      if (i + kAhead < R.rows) prefetch_row<0>(q + (int64_t)R.token[i + kAhead] * s.q_stride + h * hd, hd);
-      qt.load_row(i, q + (int64_t)R.token[i] * s.q_stride + h * hd, hd, s.scale);
-    }
-    if (okeys) visit_window(qt, spans, R.token, R.owner, R.rows, *okeys, s.window, s.sinks);
+    load_rows(qt, R, q, s, kvh * hpk + item.hl);
     visit_group(qt, spans, R, P.first[item.g], gkeys, P.tile_off[item.g], slot_tag);
-    for (int i = 0; i < R.rows; ++i) {
-      const GroupSink& dst = sinks[R.owner[i] ? 0 : 1];
-      const int64_t hh = dst.hoff + item.hl;
-      if (i + kAhead < R.rows) {
-        const GroupSink& nx = sinks[R.owner[i + kAhead] ? 0 : 1];
-        prefetch_row<1>(nx.o + (int64_t)R.token[i + kAhead] * nx.ostride + (nx.hoff + item.hl) * hd, hd);
-      }
-      qt.store_row(i, dst.o + (int64_t)R.token[i] * dst.ostride + hh * hd, hd,
-                   dst.lse ? dst.lse + item.hl * s.n + R.token[i] : nullptr);
+    store_rows(qt, R, sinks, s, item.hl);
+  }
+}
+
+// The fused pass of kv head kvh (inside a parallel region): for each item and batch of groups,
+// first the window and sink part of all the batch's tiles, key tile by key tile in increasing
+// order, then the same-group part of each tile; every row still visits its key tiles in
+// increasing order within each part, as a single query tile would.
+void run_fused_tiles(const float* q, const FocusAttnShape& s, const Routing& r, const PackedGroups& P,
+                     const KeyTiles& gkeys, const KeyTiles& okeys, const std::vector<FusedItem>& items, int64_t kvh,
+                     const GroupSink* sinks) {
+  const int64_t hpk = s.heads / s.kv_heads, G = P.layout->n_groups;
+  std::vector<QueryTile> qts;
+  qts.reserve(kGroupBatch);
+  for (int b = 0; b < kGroupBatch; ++b) qts.emplace_back(gkeys.hdp);
+  std::vector<GroupTileRows> R(kGroupBatch);
+  std::vector<WindowRows> W;
+  W.reserve(kGroupBatch);
+  int64_t gb[kGroupBatch];
+  RowSpan spans[kBq];
+  const int32_t* slot_tag = P.slot_tag.empty() ? nullptr : P.slot_tag.data();
+#pragma omp for schedule(dynamic, 1)
+  for (size_t it = 0; it < items.size(); ++it) {
+    const int64_t t = items[it].t, hl = items[it].hl;
+    int nb = 0;
+    for (int64_t g = items[it].g0; g < std::min<int64_t>(G, items[it].g0 + kGroupBatch); ++g)
+      if (t < n_query_tiles(*P.layout, g)) gb[nb++] = g;
+    W.clear();
+    int64_t sink_hi = 0, band_lo = std::numeric_limits<int64_t>::max(), band_hi = -1;
+    for (int b = 0; b < nb; ++b) {
+      R[b].build(P, r, gb[b], t, s.window);
+      load_rows(qts[b], R[b], q, s, kvh * hpk + hl);
+      const WindowRows& w = W.emplace_back(R[b].token, R[b].owner, R[b].rows, s.window, s.sinks);
+      if (w.b1 < w.b0) continue;
+      sink_hi = std::max(sink_hi, w.n_sink);
+      band_lo = std::min(band_lo, w.b0);
+      band_hi = std::max(band_hi, w.b1);
+    }
+    for (int64_t tt = 0; tt <= std::max(sink_hi - 1, band_hi); ++tt) {
+      if (tt >= sink_hi && tt < band_lo) tt = band_lo;
+      for (int b = 0; b < nb; ++b)
+        if (W[b].needs(tt)) W[b].visit_tile(qts[b], spans, okeys, s.window, s.sinks, tt);
+    }
+    for (int b = 0; b < nb; ++b) {
+      visit_group(qts[b], spans, R[b], P.first[gb[b]], gkeys, P.tile_off[gb[b]], slot_tag);
+      store_rows(qts[b], R[b], sinks, s, hl);
     }
   }
 }
@@ -517,7 +633,7 @@ void focus_attention_fused(const float* q, const float* k, const float* v, float
   KeyTiles okeys, gkeys;
   okeys.resize((s.n + kBk - 1) / kBk, hdp);
   gkeys.resize(P.n_tiles(), hdp);
-  const std::vector<GroupItem> items = group_items(P, hpk, s.window, true);
+  const std::vector<FusedItem> items = fused_items(P, hpk, s.window);
   SlotBuffers B;
   if (r.topk == 2) B.resize(s.n, hpk, hd);
   for (int64_t kvh = 0; kvh < s.kv_heads; ++kvh) {
@@ -532,7 +648,7 @@ void focus_attention_fused(const float* q, const float* k, const float* v, float
     {
       fill_original(okeys, k, v, s, kvh, /*nowait=*/true);
       fill_packed(gkeys, P, k, v, s, kvh);
-      run_group_tiles(q, s, r, P, gkeys, &okeys, items, kvh, sinks);
+      run_fused_tiles(q, s, r, P, gkeys, okeys, items, kvh, sinks);
       if (r.topk == 2) merge_slots(B, s, kvh, o, lse);
     }
   }
@@ -587,7 +703,7 @@ void focus_group_attention(const float* q, const float* k, const float* v, float
   P.build(L, r, s.sinks);
   KeyTiles gkeys;
   gkeys.resize(P.n_tiles(), hdp);
-  const std::vector<GroupItem> items = group_items(P, hpk, s.window, false);
+  const std::vector<GroupItem> items = group_items(P, hpk, s.window);
   SlotBuffers B;
   if (r.topk == 2) B.resize(s.n, hpk, hd);
   for (int64_t kvh = 0; kvh < s.kv_heads; ++kvh) {
@@ -601,7 +717,7 @@ void focus_group_attention(const float* q, const float* k, const float* v, float
 #pragma omp parallel
     {
       fill_packed(gkeys, P, k, v, s, kvh);
-      run_group_tiles(q, s, r, P, gkeys, nullptr, items, kvh, sinks);
+      run_group_tiles(q, s, r, P, gkeys, items, kvh, sinks);
       if (r.topk == 2) merge_slots(B, s, kvh, o, lse);
     }
   }

@@ -47,6 +47,9 @@ bool visible(const FocusAttnShape& s, const Routing& r, int64_t i, int64_t j) {
 
 // Uninitialised 64-byte aligned floats (every user writes before reading). Buffers of 2 MiB and
 // more are 2 MiB aligned and ask for transparent huge pages: fewer page faults and TLB misses.
+// The kernels keep their key tiles and partial states in buffers of the calling thread that only
+// grow (thread_local, handed to the parallel team by reference), so that calls after the first
+// (every layer of a forward pass) fault in no new pages.
 class FloatBuffer {
  public:
   void resize(size_t n) {
@@ -630,11 +633,13 @@ void focus_attention_fused(const float* q, const float* k, const float* v, float
   const int64_t hd = s.head_dim, hdp = padded_dim(hd), hpk = s.heads / s.kv_heads;
   PackedGroups P;
   P.build(L, r, s.sinks);
-  KeyTiles okeys, gkeys;
+  static thread_local KeyTiles tl_okeys, tl_gkeys;
+  KeyTiles &okeys = tl_okeys, &gkeys = tl_gkeys;  // the calling thread's, shared by the team
   okeys.resize((s.n + kBk - 1) / kBk, hdp);
   gkeys.resize(P.n_tiles(), hdp);
   const std::vector<FusedItem> items = fused_items(P, hpk, s.window);
-  SlotBuffers B;
+  static thread_local SlotBuffers tl_slots;
+  SlotBuffers& B = tl_slots;
   if (r.topk == 2) B.resize(s.n, hpk, hd);
   for (int64_t kvh = 0; kvh < s.kv_heads; ++kvh) {
     GroupSink sinks[2];
@@ -660,7 +665,8 @@ void focus_window_attention(const float* q, const float* k, const float* v, floa
   if (s.n == 0) return;
   const int64_t hd = s.head_dim, hdp = padded_dim(hd), hpk = s.heads / s.kv_heads;
   const int64_t n_qt = (s.n + kBq - 1) / kBq;
-  KeyTiles keys;
+  static thread_local KeyTiles tl_keys;
+  KeyTiles& keys = tl_keys;
   keys.resize((s.n + kBk - 1) / kBk, hdp);
   for (int64_t kvh = 0; kvh < s.kv_heads; ++kvh) {
 #pragma omp parallel
@@ -701,10 +707,12 @@ void focus_group_attention(const float* q, const float* k, const float* v, float
   const int64_t hd = s.head_dim, hdp = padded_dim(hd), hpk = s.heads / s.kv_heads;
   PackedGroups P;
   P.build(L, r, s.sinks);
-  KeyTiles gkeys;
+  static thread_local KeyTiles tl_gkeys;
+  KeyTiles& gkeys = tl_gkeys;
   gkeys.resize(P.n_tiles(), hdp);
   const std::vector<GroupItem> items = group_items(P, hpk, s.window);
-  SlotBuffers B;
+  static thread_local SlotBuffers tl_slots;
+  SlotBuffers& B = tl_slots;
   if (r.topk == 2) B.resize(s.n, hpk, hd);
   for (int64_t kvh = 0; kvh < s.kv_heads; ++kvh) {
     GroupSink sinks[2];
@@ -729,7 +737,8 @@ void focus_attention_two_call(const float* q, const float* k, const float* v, fl
   check_routing(r, s.n);
   if (s.n == 0) return;
   const int64_t row = s.heads * s.head_dim;
-  FloatBuffer lse1, o2, lse2;
+  static thread_local FloatBuffer tl_lse1, tl_o2, tl_lse2;
+  FloatBuffer &lse1 = tl_lse1, &o2 = tl_o2, &lse2 = tl_lse2;
   lse1.resize(s.heads * s.n);
   o2.resize(s.n * row);
   lse2.resize(s.heads * s.n);

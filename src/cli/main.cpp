@@ -579,6 +579,7 @@ int main(int argc, char** argv) {
   ba->add_option("--sinks", bo.sinks, "sink tokens");
   ba->add_option("--reps", bo.reps, "timed repetitions (median, after a warm-up)");
   ba->add_option("--dense-reps", bo.dense_reps, "dense repetitions (-1: as --reps, 0: skip dense)");
+  ba->add_flag("!--no-dense-tiles", bo.dense_tiles, "skip the dense run on the sparse tile engine (dense-t)");
   ba->add_option("--seed", bo.seed, "seed of the random inputs and router");
   ba->add_flag("--json", bo.json, "last stdout line is a JSON object");
   bool kv_given = false;

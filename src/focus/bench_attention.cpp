@@ -135,7 +135,8 @@ int run_attention_bench(const AttnBenchOptions& opt, nlohmann::json* result) {
     // Dense causal through the tile engine of the sparse kernels (window = n): what a dense kernel
     // built on the same micro-kernels reaches, for comparing per-pair efficiency.
     double tiles_ms = 0;
-    if (dense_reps > 0) {
+    const bool have_tiles = dense_reps > 0 && opt.dense_tiles;
+    if (have_tiles) {
       FocusAttnShape sd = s;
       sd.window = n;
       sd.sinks = 0;
@@ -151,7 +152,7 @@ int run_attention_bench(const AttnBenchOptions& opt, nlohmann::json* result) {
 
     const bool have_dense = dense_reps > 0;
     const double gf_dense = have_dense ? flop_per_pair * causal_pairs / dense_ms / 1e6 : 0;
-    const double gf_tiles = have_dense ? flop_per_pair * causal_pairs / tiles_ms / 1e6 : 0;
+    const double gf_tiles = have_tiles ? flop_per_pair * causal_pairs / tiles_ms / 1e6 : 0;
     const double gf_fused = flop_per_pair * pairs / fused_ms / 1e6, gf_two = flop_per_pair * pairs / two_ms / 1e6;
     const double rss = peak_rss_mb();
 
@@ -169,7 +170,7 @@ int run_attention_bench(const AttnBenchOptions& opt, nlohmann::json* result) {
       std::printf("%-9s %11.2f %9s %9.1f %11s\n", name, ms, sp, gf, e);
     };
     if (have_dense) line("dense", dense_ms, gf_dense, false, 0);
-    if (have_dense) line("dense-t", tiles_ms, gf_tiles, false, 0);
+    if (have_tiles) line("dense-t", tiles_ms, gf_tiles, false, 0);
     line("fused", fused_ms, gf_fused, check, err_fused);
     line("two-call", two_ms, gf_two, check, err_two);
     std::printf("dense = cpu::flash_attention; dense-t = dense causal on the sparse kernels' tile engine\n");
@@ -191,8 +192,8 @@ int run_attention_bench(const AttnBenchOptions& opt, nlohmann::json* result) {
                      {"speedup_fused", num_or_null(dense_ms / fused_ms, have_dense)},
                      {"speedup_twocall", num_or_null(dense_ms / two_ms, have_dense)},
                      {"gflops_dense", num_or_null(gf_dense, have_dense)},
-                     {"dense_tiles_ms", num_or_null(tiles_ms, have_dense)},
-                     {"gflops_dense_tiles", num_or_null(gf_tiles, have_dense)},
+                     {"dense_tiles_ms", num_or_null(tiles_ms, have_tiles)},
+                     {"gflops_dense_tiles", num_or_null(gf_tiles, have_tiles)},
                      {"gflops_fused", gf_fused},
                      {"gflops_twocall", gf_two},
                      {"max_err_fused", num_or_null(err_fused, check)},

@@ -18,6 +18,7 @@ struct AttnBenchOptions {
   int threads = 0;        // 0: all cores
   int reps = 3;           // timed repetitions (median), after one warm-up run
   int dense_reps = -1;    // dense repetitions: -1 = reps, 0 = skip dense; 1 = one run, no warm-up
+  bool dense_tiles = true;  // also time dense causal on the sparse kernels' tile engine
   int64_t check_rows = 64;  // rows checked against the reference when n <= 8192 (0: no check)
   uint64_t seed = 1;
   bool json = false;      // print one JSON object as the last stdout line

@@ -117,11 +117,7 @@ LoraResult run_lora(const Model& m, const LoraOptions& o) {
   res.params = a.n_params();
   res.before = valid_from_json(lr.before);
   if (!lr.interrupted) res.after = valid_from_json(lr.after);
-  res.steps = lr.steps;
-  res.train_tokens = lr.train_tokens;
-  res.seconds = lr.seconds;
-  res.tokens_per_s = lr.tokens_per_s;
-  res.interrupted = lr.interrupted;
+  static_cast<TrainStats&>(res) = lr;
   return res;
 }
 

@@ -22,12 +22,9 @@ struct LoraValid {
   int64_t tokens = 0;
 };
 
-struct LoraResult {
+struct LoraResult : TrainStats {
   LoraValid before, after;  // before: the initial adapters (B = 0, the pretrained model)
   LoraSettings settings;    // as trained (alpha resolved)
-  int64_t steps = 0, train_tokens = 0;
-  double seconds = 0, tokens_per_s = 0;
-  bool interrupted = false;
   int64_t params = 0;       // trainable adapter parameters
 };
 

@@ -172,11 +172,7 @@ RetrofitResult run_retrofit(const Model& m, const RetrofitOptions& o) {
   res.router_params = f.n_params();
   res.before = valid_from_json(lr.before);
   if (!lr.interrupted) res.after = valid_from_json(lr.after);
-  res.steps = lr.steps;
-  res.train_tokens = lr.train_tokens;
-  res.seconds = lr.seconds;
-  res.tokens_per_s = lr.tokens_per_s;
-  res.interrupted = lr.interrupted;
+  static_cast<TrainStats&>(res) = lr;
   return res;
 }
 

@@ -27,11 +27,8 @@ struct ValidResult {
   int64_t tokens = 0;
 };
 
-struct RetrofitResult {
+struct RetrofitResult : TrainStats {
   ValidResult before, after;  // before: the initial (random) routers; after: the trained ones
-  int64_t steps = 0, train_tokens = 0;
-  double seconds = 0, tokens_per_s = 0;
-  bool interrupted = false;
   int64_t router_params = 0;
 };
 

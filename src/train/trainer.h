@@ -72,11 +72,15 @@ struct TrainTask {
   std::function<void(const io::SafetensorsFile& file, const nlohmann::json& meta)> load_state;
 };
 
-struct TrainLoopResult {
-  nlohmann::json before, after;  // validation at the start and at the end (after: null if interrupted)
+// What a training run did; the results of `focus retrofit` and `focus lora` extend it.
+struct TrainStats {
   int64_t steps = 0, train_tokens = 0;
   double seconds = 0, tokens_per_s = 0;
   bool interrupted = false;
+};
+
+struct TrainLoopResult : TrainStats {
+  nlohmann::json before, after;  // validation at the start and at the end (after: null if interrupted)
 };
 
 // Trains task.params from the checkpoint in o.out (with o.resume) or from their current values;

@@ -28,6 +28,7 @@
 
 using namespace focus;
 using focus::test::book;
+using focus::test::small_training_run;
 using focus::test::stories;
 using focus::test::tok512;
 using focus::test::random_model;
@@ -454,20 +455,9 @@ namespace {
 
 
 LoraOptions small_lora_run(const std::string& out) {
-  LoraOptions o;
-  o.train = {book("pg-1661-the-adventures-of-sherlock-holmes.txt"), book("pg-345-dracula.txt")};
-  o.valid = {book("pg-1342-pride-and-prejudice.txt")};
-  o.ctx = 192;
-  o.steps = 24;
-  o.batch = 3;
-  o.warmup = 3;
+  LoraOptions o = small_training_run<LoraOptions>(out);
   o.adam.lr = 1e-2f;
   o.lora.rank = 4;
-  o.eval_every = 0;
-  o.valid_windows = 6;
-  o.out = out;
-  o.progress = false;
-  fs::remove_all(out);
   return o;
 }
 

@@ -16,6 +16,7 @@
 
 using namespace focus;
 using focus::test::book;
+using focus::test::small_training_run;
 using focus::test::stories;
 using focus::test::tok512;
 namespace fs = std::filesystem;
@@ -24,23 +25,12 @@ namespace {
 
 
 RetrofitOptions small_run(const std::string& out) {
-  RetrofitOptions o;
-  o.train = {book("pg-1661-the-adventures-of-sherlock-holmes.txt"), book("pg-345-dracula.txt")};
-  o.valid = {book("pg-1342-pride-and-prejudice.txt")};
-  o.ctx = 192;
-  o.steps = 24;
-  o.batch = 3;
-  o.warmup = 3;
+  RetrofitOptions o = small_training_run<RetrofitOptions>(out);
   o.adam.lr = 3e-3f;
   o.focus.window = 24;
   o.focus.groups = 8;
   o.focus.dg = 16;
   o.focus.tau = 0.1f;
-  o.eval_every = 0;
-  o.valid_windows = 6;
-  o.out = out;
-  o.progress = false;
-  fs::remove_all(out);
   return o;
 }
 

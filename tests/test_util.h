@@ -20,6 +20,26 @@ inline std::string stories() { return data_path("models/stories260K/stories260K.
 inline std::string tok512() { return data_path("models/stories260K/tok512.bin"); }
 inline std::string book(const std::string& name) { return data_path("text/" + name); }
 
+// The small stories260K training run the trainer tests share (retrofit and LoRA options alike):
+// two books to train on, a third to validate, 24 steps of 3 windows of 192 tokens, output in
+// `out` (emptied first).
+template <class Options>
+Options small_training_run(const std::string& out) {
+  Options o;
+  o.train = {book("pg-1661-the-adventures-of-sherlock-holmes.txt"), book("pg-345-dracula.txt")};
+  o.valid = {book("pg-1342-pride-and-prejudice.txt")};
+  o.ctx = 192;
+  o.steps = 24;
+  o.batch = 3;
+  o.warmup = 3;
+  o.eval_every = 0;
+  o.valid_windows = 6;
+  o.out = out;
+  o.progress = false;
+  std::filesystem::remove_all(out);
+  return o;
+}
+
 // Cached models ($FOCUS_CACHE/models, default ~/.cache/focus/models).
 inline std::string model_cache() {
   if (const char* e = std::getenv("FOCUS_CACHE")) return std::string(e) + "/models";

@@ -2,8 +2,10 @@
 // beyond the window, only the keys that share one of its groups. All heads of a layer share the
 // routing. Three paths compute the same thing:
 //   focus_attention_reference  dense scores with the Focus mask, double accumulation (tests only)
-//   focus_attention_fused      one flash-style pass per (group query tile, head): window, sinks and
-//                              same-group keys in one online softmax; masked pairs never computed
+//   focus_attention_fused      one flash-style pass over group query tiles (per head; tiles at the
+//                              same place in a few groups share their window key tiles): window,
+//                              sinks and same-group keys in one online softmax; masked pairs never
+//                              computed
 //   focus_attention_two_call   the paper's decomposition: sliding-window call + same-group call
 //                              over group-sorted tokens, merged exactly by log-sum-exp
 #pragma once

@@ -333,59 +333,36 @@ int64_t tile_cost(const PackedGroups& P, int64_t g, int64_t t, int64_t window, b
 }
 int64_t n_query_tiles(const GroupLayout& L, int64_t g) { return (L.size(g) + kBq - 1) / kBq; }
 
-// Work item of the group call: query tile t of group g for local head hl.
-struct GroupItem {
-  int32_t g, t, hl;
-};
-
-// Group query tiles of all groups times the heads of one kv head. Groups come one after another,
-// the costliest group first, and inside a group the tiles run from the last (most keys) to the
-// first: threads that take neighbouring items stream the same group's key tiles, which then stay
-// in the shared cache, and the cheapest items come last, which evens out the finish.
-std::vector<GroupItem> group_items(const PackedGroups& P, int64_t hpk, int64_t window) {
-  const GroupLayout& L = *P.layout;
-  std::vector<std::pair<int64_t, int64_t>> group_cost;  // (total cost, g)
-  for (int64_t g = 0; g < L.n_groups; ++g) {
-    int64_t total = 0;
-    for (int64_t t = 0; t < n_query_tiles(L, g); ++t) total += tile_cost(P, g, t, window, false);
-    if (total > 0) group_cost.push_back({total, g});
-  }
-  std::stable_sort(group_cost.begin(), group_cost.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
-  std::vector<GroupItem> items;
-  for (const auto& gc : group_cost)
-    for (int64_t t = n_query_tiles(L, gc.second) - 1; t >= 0; --t)
-      for (int64_t hl = 0; hl < hpk; ++hl) items.push_back({(int32_t)gc.second, (int32_t)t, (int32_t)hl});
-  return items;
-}
-
-// Work item of the fused pass: query tile t, for local head hl, of every group in a batch of
-// kGroupBatch groups that has one. Tiles t of different groups cover about the same positions, so
-// their window parts need the same key tiles: the pass loads each of those once per item and
-// visits it with every tile of the batch, instead of once per group (the window band of one tile
-// is larger than L2). Batches come one after another, each with its tiles from last to first, so
-// that threads taking neighbouring items stream the same groups' key tiles, which then stay in the
-// shared cache (as in the group call).
-struct FusedItem {
+// Work item of a group pass: query tile t, for local head hl, of every group in [g0, g0 + batch)
+// that has one. The group call takes one group per item. The fused pass takes kFusedBatch: tiles t
+// of different groups cover about the same positions, so their window parts need the same key
+// tiles, and the pass loads each of those once per item and visits it with every tile of the
+// batch instead of once per group (the window band of one tile is larger than L2).
+struct TileItem {
   int32_t g0, t, hl;
 };
-constexpr int kGroupBatch = 4;  // groups per fused item (measured best of 1, 2, 4, 8, 16 at 64K)
+constexpr int kFusedBatch = 4;  // groups per fused item (measured best of 1, 2, 4, 8, 16 at 64K)
 
-std::vector<FusedItem> fused_items(const PackedGroups& P, int64_t hpk, int64_t window) {
+// The items of one kv head. Batches come one after another, the costliest first, each with its
+// tiles from the last (most keys) to the first: threads that take neighbouring items stream the
+// same groups' key tiles, which then stay in the shared cache, and the cheapest items come last,
+// which evens out the finish.
+std::vector<TileItem> tile_items(const PackedGroups& P, int64_t hpk, int64_t window, int batch, bool with_window) {
   const GroupLayout& L = *P.layout;
   std::vector<std::pair<int64_t, int64_t>> batch_cost;  // (total cost, first group)
-  for (int64_t g0 = 0; g0 < L.n_groups; g0 += kGroupBatch) {
+  for (int64_t g0 = 0; g0 < L.n_groups; g0 += batch) {
     int64_t total = 0;
-    for (int64_t g = g0; g < std::min(L.n_groups, g0 + kGroupBatch); ++g)
-      for (int64_t t = 0; t < n_query_tiles(L, g); ++t) total += tile_cost(P, g, t, window, true);
+    for (int64_t g = g0; g < std::min(L.n_groups, g0 + batch); ++g)
+      for (int64_t t = 0; t < n_query_tiles(L, g); ++t) total += tile_cost(P, g, t, window, with_window);
     if (total > 0) batch_cost.push_back({total, g0});
   }
-  std::stable_sort(batch_cost.begin(), batch_cost.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
-  std::vector<FusedItem> items;
-  for (const auto& bc : batch_cost) {
+  std::stable_sort(batch_cost.begin(), batch_cost.end(), [](const auto& x, const auto& y) { return x.first > y.first; });
+  std::vector<TileItem> items;
+  for (const auto& [cost, g0] : batch_cost) {
     int64_t nt = 0;
-    for (int64_t g = bc.second; g < std::min(L.n_groups, bc.second + kGroupBatch); ++g) nt = std::max(nt, n_query_tiles(L, g));
+    for (int64_t g = g0; g < std::min(L.n_groups, g0 + batch); ++g) nt = std::max(nt, n_query_tiles(L, g));
     for (int64_t t = nt - 1; t >= 0; --t)
-      for (int64_t hl = 0; hl < hpk; ++hl) items.push_back({(int32_t)bc.second, (int32_t)t, (int32_t)hl});
+      for (int64_t hl = 0; hl < hpk; ++hl) items.push_back({(int32_t)g0, (int32_t)t, (int32_t)hl});
   }
   return items;
 }
@@ -425,52 +402,35 @@ void store_rows(const QueryTile& qt, const GroupTileRows& R, const GroupSink* si
   }
 }
 
-// The group call: every group query tile of kv head kvh (inside a parallel region).
-void run_group_tiles(const float* q, const FocusAttnShape& s, const Routing& r, const PackedGroups& P,
-                     const KeyTiles& gkeys, const std::vector<GroupItem>& items, int64_t kvh, const GroupSink* sinks) {
-  const int64_t hpk = s.heads / s.kv_heads;
-  QueryTile qt(gkeys.hdp);
-  RowSpan spans[kBq];
-  GroupTileRows R;
-  const int32_t* slot_tag = P.slot_tag.empty() ? nullptr : P.slot_tag.data();
-#pragma omp for schedule(dynamic, 1)
-  for (size_t it = 0; it < items.size(); ++it) {
-    const GroupItem& item = items[it];
-    R.build(P, r, item.g, item.t, s.window);
-    load_rows(qt, R, q, s, kvh * hpk + item.hl);
-    visit_group(qt, spans, R, P.first[item.g], gkeys, P.tile_off[item.g], slot_tag);
-    store_rows(qt, R, sinks, s, item.hl);
-  }
-}
-
-// The fused pass of kv head kvh (inside a parallel region): for each item and batch of groups,
-// first the window and sink part of all the batch's tiles, key tile by key tile in increasing
-// order, then the same-group part of each tile; every row still visits its key tiles in
-// increasing order within each part, as a single query tile would.
-void run_fused_tiles(const float* q, const FocusAttnShape& s, const Routing& r, const PackedGroups& P,
-                     const KeyTiles& gkeys, const KeyTiles& okeys, const std::vector<FusedItem>& items, int64_t kvh,
-                     const GroupSink* sinks) {
+// Runs the items of kv head kvh (inside a parallel region), `batch` groups per item. With okeys
+// (the fused pass), first the window and sink part of all the item's tiles, key tile by key tile
+// in increasing order; then the same-group part of each tile. Every row visits its key tiles in
+// increasing order within each part, as a tile run alone would.
+void run_tiles(const float* q, const FocusAttnShape& s, const Routing& r, const PackedGroups& P, const KeyTiles& gkeys,
+               const KeyTiles* okeys, const std::vector<TileItem>& items, int batch, int64_t kvh,
+               const GroupSink* sinks) {
   const int64_t hpk = s.heads / s.kv_heads, G = P.layout->n_groups;
   std::vector<QueryTile> qts;
-  qts.reserve(kGroupBatch);
-  for (int b = 0; b < kGroupBatch; ++b) qts.emplace_back(gkeys.hdp);
-  std::vector<GroupTileRows> R(kGroupBatch);
+  qts.reserve(batch);
+  for (int b = 0; b < batch; ++b) qts.emplace_back(gkeys.hdp);
+  std::vector<GroupTileRows> R(batch);
   std::vector<WindowRows> W;
-  W.reserve(kGroupBatch);
-  int64_t gb[kGroupBatch];
+  W.reserve(batch);
+  int64_t gb[kFusedBatch];  // callers pass batch 1 (group call) or kFusedBatch
   RowSpan spans[kBq];
   const int32_t* slot_tag = P.slot_tag.empty() ? nullptr : P.slot_tag.data();
 #pragma omp for schedule(dynamic, 1)
   for (size_t it = 0; it < items.size(); ++it) {
     const int64_t t = items[it].t, hl = items[it].hl;
     int nb = 0;
-    for (int64_t g = items[it].g0; g < std::min<int64_t>(G, items[it].g0 + kGroupBatch); ++g)
+    for (int64_t g = items[it].g0; g < std::min<int64_t>(G, items[it].g0 + batch); ++g)
       if (t < n_query_tiles(*P.layout, g)) gb[nb++] = g;
     W.clear();
     int64_t sink_hi = 0, band_lo = std::numeric_limits<int64_t>::max(), band_hi = -1;
     for (int b = 0; b < nb; ++b) {
       R[b].build(P, r, gb[b], t, s.window);
       load_rows(qts[b], R[b], q, s, kvh * hpk + hl);
+      if (!okeys) continue;
       const WindowRows& w = W.emplace_back(R[b].token, R[b].owner, R[b].rows, s.window, s.sinks);
       if (w.b1 < w.b0) continue;
       sink_hi = std::max(sink_hi, w.n_sink);
@@ -480,7 +440,7 @@ void run_fused_tiles(const float* q, const FocusAttnShape& s, const Routing& r, 
     for (int64_t tt = 0; tt <= std::max(sink_hi - 1, band_hi); ++tt) {
       if (tt >= sink_hi && tt < band_lo) tt = band_lo;
       for (int b = 0; b < nb; ++b)
-        if (W[b].needs(tt)) W[b].visit_tile(qts[b], spans, okeys, s.window, s.sinks, tt);
+        if (W[b].needs(tt)) W[b].visit_tile(qts[b], spans, *okeys, s.window, s.sinks, tt);
     }
     for (int b = 0; b < nb; ++b) {
       visit_group(qts[b], spans, R[b], P.first[gb[b]], gkeys, P.tile_off[gb[b]], slot_tag);
@@ -637,7 +597,7 @@ void focus_attention_fused(const float* q, const float* k, const float* v, float
   KeyTiles &okeys = tl_okeys, &gkeys = tl_gkeys;  // the calling thread's, shared by the team
   okeys.resize((s.n + kBk - 1) / kBk, hdp);
   gkeys.resize(P.n_tiles(), hdp);
-  const std::vector<FusedItem> items = fused_items(P, hpk, s.window);
+  const std::vector<TileItem> items = tile_items(P, hpk, s.window, kFusedBatch, true);
   static thread_local SlotBuffers tl_slots;
   SlotBuffers& B = tl_slots;
   if (r.topk == 2) B.resize(s.n, hpk, hd);
@@ -653,7 +613,7 @@ void focus_attention_fused(const float* q, const float* k, const float* v, float
     {
       fill_original(okeys, k, v, s, kvh, /*nowait=*/true);
       fill_packed(gkeys, P, k, v, s, kvh);
-      run_fused_tiles(q, s, r, P, gkeys, okeys, items, kvh, sinks);
+      run_tiles(q, s, r, P, gkeys, &okeys, items, kFusedBatch, kvh, sinks);
       if (r.topk == 2) merge_slots(B, s, kvh, o, lse);
     }
   }
@@ -710,7 +670,7 @@ void focus_group_attention(const float* q, const float* k, const float* v, float
   static thread_local KeyTiles tl_gkeys;
   KeyTiles& gkeys = tl_gkeys;
   gkeys.resize(P.n_tiles(), hdp);
-  const std::vector<GroupItem> items = group_items(P, hpk, s.window);
+  const std::vector<TileItem> items = tile_items(P, hpk, s.window, 1, false);
   static thread_local SlotBuffers tl_slots;
   SlotBuffers& B = tl_slots;
   if (r.topk == 2) B.resize(s.n, hpk, hd);
@@ -725,7 +685,7 @@ void focus_group_attention(const float* q, const float* k, const float* v, float
 #pragma omp parallel
     {
       fill_packed(gkeys, P, k, v, s, kvh);
-      run_group_tiles(q, s, r, P, gkeys, items, kvh, sinks);
+      run_tiles(q, s, r, P, gkeys, nullptr, items, 1, kvh, sinks);
       if (r.topk == 2) merge_slots(B, s, kvh, o, lse);
     }
   }

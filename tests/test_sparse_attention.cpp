@@ -7,7 +7,10 @@
 #include <random>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "core/error.h"
+#include "focus/bench_attention.h"
 #include "focus/group_layout.h"
 #include "focus/sparse_attention.h"
 #include "kernels/cpu/attention.h"
@@ -295,4 +298,39 @@ TEST(FocusAttention, RejectsBadShapes) {
   in.s.window = 0;
   EXPECT_THROW(focus::focus_attention_two_call(in.q.data(), in.k.data(), in.v.data(), o.data(), nullptr, in.s, r),
                focus::Error);
+}
+
+// The benchmark's JSON carries the keys the docs quote, with errors against the reference that
+// are small, and null for what was not run (dense-t skipped, dense skipped).
+TEST(FocusAttentionBench, JsonKeysErrorsAndSkippedRuns) {
+  focus::AttnBenchOptions o;
+  o.n = 700;
+  o.heads = 4;
+  o.kv_heads = 2;
+  o.dim = 16;
+  o.window = 32;
+  o.groups = 5;
+  o.topk = 2;
+  o.reps = 1;
+  o.dense_reps = 1;
+  o.dense_tiles = false;
+  nlohmann::json j;
+  ASSERT_EQ(focus::run_attention_bench(o, &j), 0);
+  for (const char* key : {"dense_ms", "fused_ms", "twocall_ms", "density", "speedup_fused", "speedup_twocall",
+                          "gflops_dense", "gflops_fused", "max_err_fused", "max_err_twocall"})
+    ASSERT_TRUE(j.contains(key)) << key;
+  EXPECT_GT(j["density"].get<double>(), 0.0);
+  EXPECT_LT(j["density"].get<double>(), 1.0);
+  EXPECT_LT(j["max_err_fused"].get<double>(), 1e-5);
+  EXPECT_LT(j["max_err_twocall"].get<double>(), 1e-5);
+  EXPECT_GT(j["speedup_fused"].get<double>(), 0.0);
+  EXPECT_TRUE(j["dense_tiles_ms"].is_null());
+  o.dense_tiles = true;
+  ASSERT_EQ(focus::run_attention_bench(o, &j), 0);
+  EXPECT_GT(j["dense_tiles_ms"].get<double>(), 0.0);
+  o.dense_reps = 0;
+  ASSERT_EQ(focus::run_attention_bench(o, &j), 0);
+  EXPECT_TRUE(j["dense_ms"].is_null());
+  EXPECT_TRUE(j["speedup_fused"].is_null());
+  EXPECT_TRUE(j["dense_tiles_ms"].is_null());
 }

@@ -130,6 +130,32 @@ TEST(FocusModel, RouterFilesRoundTrip) {
   EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)), 0);
 }
 
+TEST(FocusModel, LearnedTemperaturesRoundTrip) {
+  FOCUS_NEED_FILE(stories());
+  auto m = load_model(stories(), LoadOptions{"", false});
+  FocusSettings s = random_routers(*m, FocusMode::Soft, 16, 1).settings;
+  s.learn_tau = true;
+  FocusRouters f = focus_init(m->cfg, s, 7);
+  for (size_t r = 0; r < f.routers.size(); ++r) {
+    RouterParams& rp = f.routers[r];
+    ASSERT_GE(rp.log_tau_offset(), 0);
+    EXPECT_FLOAT_EQ(rp.tau(), s.tau);
+    rp.params[rp.log_tau_offset()] = std::log(0.05f * (float)(r + 1));  // as if trained, one per layer
+  }
+  const std::string dir = ::testing::TempDir() + "/focus_router_tau";
+  save_focus(f, dir, m->cfg, stories());
+  FocusRouters g = load_focus(dir, m->cfg);
+  EXPECT_TRUE(g.settings.learn_tau);
+  ASSERT_EQ(g.routers.size(), f.routers.size());
+  for (size_t r = 0; r < f.routers.size(); ++r) {
+    EXPECT_EQ(g.routers[r].params, f.routers[r].params);
+    EXPECT_NEAR(g.routers[r].tau(), 0.05f * (float)(r + 1), 1e-6f);
+  }
+  const auto ids = some_ids(120, m->cfg.vocab, 5);
+  const auto a = run(*m, ids, &f), b = run(*m, ids, &g);
+  EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)), 0);
+}
+
 TEST(FocusModel, GroupsReportCountsEveryMembership) {
   FOCUS_NEED_FILE(stories());
   auto m = load_model(stories(), LoadOptions{test::data_path("models/stories260K/tok512.bin")});

@@ -524,7 +524,8 @@ int main(int argc, char** argv) {
   rf->add_option("--groups", ro.focus.groups, "groups G");
   rf->add_option("--dg", ro.focus.dg, "routing dimension d_g");
   rf->add_option("--topk", ro.focus.topk, "top-k for hard validation");
-  rf->add_option("--tau", ro.focus.tau, "router temperature");
+  rf->add_option("--tau", ro.focus.tau, "router temperature (the initial value with --learn-tau)");
+  rf->add_flag("--learn-tau", ro.focus.learn_tau, "train each router's temperature too");
   rf->add_option("--balance", balance, "group balancing: none, swav (Sinkhorn targets), bias (load-driven bias)");
   rf->add_option("--balance-weight", ro.balance_weight, "SwAV loss weight or bias rate");
 

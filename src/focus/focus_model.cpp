@@ -61,6 +61,7 @@ FocusRouters focus_init(const ModelConfig& c, const FocusSettings& s, uint64_t s
     rc.d_g = s.dg;
     rc.groups = s.groups;
     rc.tau = s.tau;
+    rc.learn_tau = s.learn_tau;
     f.router_of_layer[l] = (int64_t)f.routers.size();
     f.routers.push_back(router_init(rc, seed * 1000003ull + (uint64_t)l));
   }
@@ -98,7 +99,7 @@ void save_focus(const FocusRouters& f, const std::string& dir, const ModelConfig
                       {"dg", s.dg},
                       {"topk", s.topk},
                       {"tau", s.tau},
-                      {"learn_tau", !f.routers.empty() && f.routers[0].cfg.learn_tau},
+                      {"learn_tau", s.learn_tau},
                       {"eps", s.eps},
                       {"mode", to_string(s.mode)},
                       {"layers", layers}};
@@ -125,6 +126,7 @@ FocusRouters load_focus(const std::string& dir, const ModelConfig& c) {
     s.topk = j.value("topk", 1);
     s.tau = j.value("tau", 0.1f);
     s.eps = j.value("eps", 1e-6f);
+    s.learn_tau = j.value("learn_tau", false);
     s.mode = parse_focus_mode(j.value("mode", std::string("soft")));
     FOCUS_CHECK(j.at("model_dim").get<int64_t>() == c.dim && j.at("model_layers").get<int64_t>() == c.layers, jp,
                 ": routers were made for a model with dim ", j.at("model_dim"), " and ", j.at("model_layers"),
@@ -133,7 +135,6 @@ FocusRouters load_focus(const std::string& dir, const ModelConfig& c) {
     fail(jp, ": missing or malformed field: ", e.what());
   }
   check_settings(s, c, jp);
-  const bool learn_tau = j.value("learn_tau", false);
   io::SafetensorsFile st(sp);
   FocusRouters f;
   f.settings = s;
@@ -147,7 +148,7 @@ FocusRouters load_focus(const std::string& dir, const ModelConfig& c) {
     rc.d_g = s.dg;
     rc.groups = s.groups;
     rc.tau = s.tau;
-    rc.learn_tau = learn_tau;
+    rc.learn_tau = s.learn_tau;
     RouterParams r = router_init(rc, 0);
     auto take = [&](const std::string& name, std::vector<int64_t> shape) {
       const io::STTensor& t = st.tensor(p + name);
@@ -162,7 +163,7 @@ FocusRouters load_focus(const std::string& dir, const ModelConfig& c) {
     std::copy(cc.begin(), cc.end(), r.centroids());
     r.bias = take("bias", {s.groups});
     auto lt = take("log_tau", {1});
-    if (learn_tau) r.params[r.log_tau_offset()] = lt[0];
+    if (s.learn_tau) r.params[r.log_tau_offset()] = lt[0];
     f.router_of_layer[l] = (int64_t)f.routers.size();
     f.routers.push_back(std::move(r));
   }

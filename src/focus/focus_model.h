@@ -23,7 +23,8 @@ struct FocusSettings {
   int64_t groups = 16;     // G
   int64_t dg = 16;         // routing dimension d_g
   int topk = 1;            // hard mode: groups kept per token
-  float tau = 0.1f;        // router temperature
+  float tau = 0.1f;        // router temperature (the initial value when learned)
+  bool learn_tau = false;  // train each router's temperature (log tau) with its other parameters
   float eps = 1e-6f;       // soft mode: bias = log(sum_g p_ig p_jg + eps)
 };
 

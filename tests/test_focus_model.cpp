@@ -6,6 +6,7 @@
 #include <cstring>
 #include <vector>
 
+#include "core/error.h"
 #include "eval/groups_report.h"
 #include "focus/focus_model.h"
 #include "model/model.h"
@@ -111,6 +112,46 @@ TEST(FocusModel, CausalInSoftAndHardMode) {
         EXPECT_GT(d, 0) << "the perturbed position itself must change";
       }
     }
+}
+
+// Decoding with Focus: a prefix inside the window (plain kernel, routing recorded), a chunk, then
+// one token at a time give the hidden states of one call over the whole sequence, in every mode.
+TEST(FocusModel, DecodingFromTheCacheEqualsOneCall) {
+  FOCUS_NEED_FILE(stories());
+  auto m = load_model(stories(), LoadOptions{"", false});
+  const int64_t n = 150, D = m->cfg.dim;
+  const auto ids = some_ids(n, m->cfg.vocab, 3);
+  for (auto [mode, topk] : {std::pair{FocusMode::Soft, 1}, std::pair{FocusMode::Hard, 1},
+                            std::pair{FocusMode::Hard, 2}, std::pair{FocusMode::Window, 1}}) {
+    FocusRouters f = random_routers(*m, mode, 16, topk, 8);
+    const auto one = run(*m, ids, &f);
+    KVCache c;
+    c.init(m->cfg, n);
+    std::vector<float> h(n * D);
+    forward(*m, ids.data(), 10, c, h.data(), &f);
+    forward(*m, ids.data() + 10, 57, c, h.data() + 10 * D, &f);
+    for (int64_t i = 67; i < n; ++i) forward(*m, ids.data() + i, 1, c, h.data() + i * D, &f);
+    double err = 0, scale = 0;
+    for (int64_t i = 0; i < n * D; ++i) {
+      err = std::max(err, (double)std::fabs(h[i] - one[i]));
+      scale = std::max(scale, (double)std::fabs(one[i]));
+    }
+    EXPECT_LE(err, 1e-5 * scale) << to_string(mode) << " top-" << topk;
+    // The pattern matters from the cache too: the same steps without routers differ.
+    if (mode == FocusMode::Hard) {
+      const auto plain = run(*m, ids, nullptr);
+      double d = 0;
+      for (int64_t i = 0; i < n * D; ++i) d = std::max(d, (double)std::fabs(h[i] - plain[i]));
+      EXPECT_GT(d, 1e-3 * scale);
+    }
+  }
+  // A cache filled without routers has no routing to decode from.
+  FocusRouters f = random_routers(*m, FocusMode::Hard, 16, 1, 8);
+  KVCache c;
+  c.init(m->cfg, n);
+  std::vector<float> h(n * D);
+  forward(*m, ids.data(), 40, c, h.data());
+  EXPECT_THROW(forward(*m, ids.data() + 40, 1, c, h.data(), &f), Error);
 }
 
 TEST(FocusModel, RouterFilesRoundTrip) {

@@ -11,7 +11,9 @@
 
 #include "core/error.h"
 #include "focus/bench_attention.h"
+#include "focus/focus_cache.h"
 #include "focus/group_layout.h"
+#include "focus/soft_attention.h"
 #include "focus/sparse_attention.h"
 #include "kernels/cpu/attention.h"
 
@@ -302,6 +304,91 @@ TEST(FocusAttention, RejectsBadShapes) {
 
 // The benchmark's JSON carries the keys the docs quote, with errors against the reference that
 // are small, and null for what was not run (dense-t skipped, dense skipped).
+// Decoding and chunked prefill over a cache indexed by group: rows run as a first chunk, a
+// second chunk and then one at a time equal one call over the whole sequence: the masked
+// reference (hard), the biased soft kernel (soft) and the window call (window). Keys and values
+// past the rows being run are NaN, so reading one would show. The cache is truncated and
+// refilled first, as a prefix reuse does.
+TEST(FocusCachedAttention, DecodeAndChunksEqualOneCall) {
+  const int64_t n = 301, window = 16, heads = 4, hd = 20, G = 7;
+  for (int topk : {1, 2})
+    for (int64_t kv_heads : {4, 2, 1})
+      for (int64_t sinks : {0, 2}) {
+        const uint32_t seed = (uint32_t)(topk * 31 + kv_heads * 7 + sinks);
+        const Inputs in = make_inputs(n, heads, kv_heads, hd, window, sinks, seed);
+        const FocusAttnShape& s = in.s;
+        const std::vector<int32_t> ids = make_routing(n, topk, G, seed + 1);
+        const Routing r{ids.data(), G, topk};
+        std::mt19937 rng(seed + 2);
+        std::normal_distribution<float> nd(0.f, 2.f);
+        std::vector<float> p(n * G);
+        for (int64_t i = 0; i < n; ++i) {
+          double z = 0;
+          for (int64_t g = 0; g < G; ++g) z += p[i * G + g] = std::exp(nd(rng));
+          for (int64_t g = 0; g < G; ++g) p[i * G + g] = (float)(p[i * G + g] / z);
+        }
+        focus::FocusLayerCache fc, fresh;
+        fresh.reset(G, topk);
+        fresh.append(ids.data(), p.data(), n);
+        fc.reset(G, topk);
+        fc.append(ids.data(), p.data(), 200);
+        fc.truncate(120);
+        fc.append(ids.data() + 120 * topk, p.data() + 120 * G, n - 120);
+        ASSERT_EQ(fc.members, fresh.members);
+        ASSERT_EQ(fc.top, fresh.top);
+
+        focus::SoftAttnShape ss{n, heads, kv_heads, hd, G, window, sinks, s.scale, 1e-6f, 0};
+        const Out ref_hard = run([&](auto... a) { focus::focus_attention_reference(a..., s, r); }, in);
+        const Out ref_soft = run(
+            [&](const float* q, const float* k, const float* v, float* o, float* lse) {
+              focus::soft_attention_forward(q, k, v, p.data(), o, lse, ss);
+            },
+            in);
+        const Out ref_win = run([&](auto... a) { focus::focus_window_attention(a..., s); }, in);
+        for (auto [mode, ref] : {std::pair{focus::FocusMode::Hard, &ref_hard}, std::pair{focus::FocusMode::Soft, &ref_soft},
+                                 std::pair{focus::FocusMode::Window, &ref_win}}) {
+          Out got;
+          got.o.assign(n * s.o_stride, 0.f);
+          got.lse = ref->lse;  // the cached path makes no lse
+          int64_t pairs = 0;
+          std::vector<float> k(in.k.size()), v(in.v.size());
+          auto step = [&](int64_t pos0, int64_t t) {
+            const int64_t end = (pos0 + t) * s.kv_stride;
+            std::copy(in.k.begin(), in.k.begin() + end, k.begin());
+            std::copy(in.v.begin(), in.v.begin() + end, v.begin());
+            std::fill(k.begin() + end, k.end(), NAN);
+            std::fill(v.begin() + end, v.end(), NAN);
+            pairs += focus::focus_cached_attention(in.q.data() + pos0 * s.q_stride, k.data(), v.data(),
+                                                   got.o.data() + pos0 * s.o_stride, s, pos0, t, mode, fc, 1e-6f);
+          };
+          step(0, 100);
+          step(100, 37);
+          for (int64_t i = 137; i < n; ++i) step(i, 1);
+          const std::string what = focus::to_string(mode) + " k " + std::to_string(topk) + " kv_heads " +
+                                   std::to_string(kv_heads) + " sinks " + std::to_string(sinks);
+          EXPECT_LE(rel_err(got, *ref, s), 1e-5) << what;
+          if (mode == focus::FocusMode::Hard) EXPECT_EQ(pairs, focus::focus_pair_count(r, n, window, sinks)) << what;
+          if (mode == focus::FocusMode::Soft) EXPECT_EQ(pairs, n * (n + 1) / 2) << what;
+        }
+      }
+}
+
+TEST(FocusCachedAttention, RejectsMissingRouting) {
+  const Inputs in = make_inputs(40, 2, 1, 8, 4, 1, 9);
+  std::vector<float> o(40 * in.s.o_stride);
+  const std::vector<int32_t> ids = make_routing(40, 1, 5, 3);
+  focus::FocusLayerCache fc;
+  fc.reset(5, 1);
+  fc.append(ids.data(), nullptr, 30);  // hard routing of 30 positions, no soft assignments
+  auto call = [&](focus::FocusMode mode, int64_t pos0) {
+    focus::focus_cached_attention(in.q.data(), in.k.data(), in.v.data(), o.data(), in.s, pos0, 1, mode, fc, 1e-6f);
+  };
+  EXPECT_NO_THROW(call(focus::FocusMode::Hard, 29));
+  EXPECT_THROW(call(focus::FocusMode::Hard, 30), focus::Error);  // position 30 was never routed
+  EXPECT_THROW(call(focus::FocusMode::Soft, 10), focus::Error);  // filled in hard mode
+  EXPECT_THROW(fc.truncate(31), focus::Error);
+}
+
 TEST(FocusAttentionBench, JsonKeysErrorsAndSkippedRuns) {
   focus::AttnBenchOptions o;
   o.n = 700;
@@ -325,9 +412,17 @@ TEST(FocusAttentionBench, JsonKeysErrorsAndSkippedRuns) {
   EXPECT_LT(j["max_err_twocall"].get<double>(), 1e-5);
   EXPECT_GT(j["speedup_fused"].get<double>(), 0.0);
   EXPECT_TRUE(j["dense_tiles_ms"].is_null());
+  // Decoding: the last row from the cache against the reference; fewer keys read than cached.
+  EXPECT_EQ(j["decode_tokens"].get<int64_t>(), 32);
+  EXPECT_LT(j["max_err_decode"].get<double>(), 1e-5);
+  EXPECT_GT(j["decode_keys_per_token"].get<double>(), (double)o.window);
+  EXPECT_LT(j["decode_keys_per_token"].get<double>(), (double)o.n);
+  EXPECT_GT(j["speedup_decode"].get<double>(), 0.0);
   o.dense_tiles = true;
+  o.decode = 0;
   ASSERT_EQ(focus::run_attention_bench(o, &j), 0);
   EXPECT_GT(j["dense_tiles_ms"].get<double>(), 0.0);
+  EXPECT_TRUE(j["speedup_decode"].is_null());
   o.dense_reps = 0;
   ASSERT_EQ(focus::run_attention_bench(o, &j), 0);
   EXPECT_TRUE(j["dense_ms"].is_null());

@@ -214,11 +214,18 @@ int cmd_eval(const std::string& model, const std::string& tokenizer, const std::
   return r.interrupted ? 130 : 0;
 }
 
-int cmd_generate(const std::string& model, const std::string& tokenizer, const std::string& prompt, int64_t n,
-                 float temp, uint64_t seed, bool print_ids) {
+int cmd_generate(const std::string& model, const std::string& tokenizer, std::string prompt,
+                 const std::string& prompt_file, int64_t n, float temp, uint64_t seed, bool print_ids,
+                 const FocusFlags& ff) {
   LoadOptions lo;
   lo.tokenizer = tokenizer;
   auto m = load_model(model, lo);
+  auto focus = ff.make(*m);
+  if (!prompt_file.empty()) {
+    FOCUS_CHECK(prompt.empty(), "generate: give --prompt or --prompt-file, not both");
+    prompt = io::load_text(prompt_file);
+    FOCUS_CHECK(!prompt.empty(), prompt_file, ": empty prompt file");
+  }
   std::vector<int32_t> ids = m->tok->encode(prompt, m->tok->add_bos_default() || prompt.empty());
   FOCUS_CHECK(!ids.empty(), "generate: empty prompt and the model has no BOS token");
   const int64_t cap = std::min<int64_t>((int64_t)ids.size() + n, m->cfg.max_ctx > 0 ? m->cfg.max_ctx : 1 << 20);
@@ -228,11 +235,13 @@ int cmd_generate(const std::string& model, const std::string& tokenizer, const s
   std::vector<float> hidden(ids.size() * m->cfg.dim), logits(m->cfg.vocab);
   std::mt19937_64 rng(seed);
   install_interrupt_handler();
-  std::fputs(prompt.c_str(), stdout);
-  forward(*m, ids.data(), (int64_t)ids.size(), cache, hidden.data());
+  if (prompt_file.empty()) std::fputs(prompt.c_str(), stdout);
+  const auto tp = std::chrono::steady_clock::now();
+  forward(*m, ids.data(), (int64_t)ids.size(), cache, hidden.data(), focus.get());
   compute_logits(*m, hidden.data() + (ids.size() - 1) * m->cfg.dim, 1, logits.data());
   std::vector<int32_t> out = ids;
   const auto t0 = std::chrono::steady_clock::now();
+  FocusStats decode_stats;
   int64_t made = 0;
   while (made < n && cache.len < cap && !interrupted()) {
     int32_t next = 0;
@@ -251,13 +260,19 @@ int cmd_generate(const std::string& model, const std::string& tokenizer, const s
     ++made;
     if (next == m->tok->eos() && m->tok->eos() >= 0) break;
     if (made < n && cache.len < cap) {
-      forward(*m, &next, 1, cache, hidden.data());
+      forward(*m, &next, 1, cache, hidden.data(), focus.get(), &decode_stats);
       compute_logits(*m, hidden.data(), 1, logits.data());
     }
   }
   const double el = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   std::printf("\n");
-  std::fprintf(stderr, "[generate] %lld tokens in %.2fs (%.1f tok/s)\n", (long long)made, el, made / std::max(el, 1e-9));
+  const double pl = std::chrono::duration<double>(t0 - tp).count();
+  std::fprintf(stderr, "[generate] prompt %lld tokens in %.2fs (%.1f tok/s); %lld tokens in %.2fs (%.1f tok/s)\n",
+               (long long)ids.size(), pl, ids.size() / std::max(pl, 1e-9), (long long)made, el,
+               made / std::max(el, 1e-9));
+  if (focus && decode_stats.layers > 0)
+    std::fprintf(stderr, "[generate] Focus %s: decoding read %.3f of the causal keys in its Focus layers\n",
+                 to_string(focus->settings.mode).c_str(), decode_stats.density());
   if (print_ids) {
     std::string s;
     for (size_t i = 0; i < out.size(); ++i) s += (i ? " " : "") + std::to_string(out[i]);
@@ -500,6 +515,10 @@ int main(int argc, char** argv) {
   gen->add_option("--model", model, "MODEL")->required();
   gen->add_option("--tokenizer", tokenizer, "tokenizer file (llama2.c models)");
   gen->add_option("-p,--prompt", prompt, "prompt text");
+  std::string prompt_file;
+  gen->add_option("--prompt-file", prompt_file, "read the prompt from a file (not echoed)");
+  FocusFlags genf;
+  genf.add(gen);
   gen->add_option("-n", n, "tokens to generate");
   gen->add_option("--temp", temp, "temperature (0 = greedy)");
   gen->add_option("--seed", seed, "sampling seed");
@@ -581,6 +600,7 @@ int main(int argc, char** argv) {
   ba->add_option("--reps", bo.reps, "timed repetitions (median, after a warm-up)");
   ba->add_option("--dense-reps", bo.dense_reps, "dense repetitions (-1: as --reps, 0: skip dense)");
   ba->add_flag("!--no-dense-tiles", bo.dense_tiles, "skip the dense run on the sparse tile engine (dense-t)");
+  ba->add_option("--decode", bo.decode, "also time decoding the last N positions from a cache (0: skip; default 32)");
   ba->add_option("--seed", bo.seed, "seed of the random inputs and router");
   ba->add_flag("--json", bo.json, "last stdout line is a JSON object");
   bool kv_given = false;
@@ -591,7 +611,7 @@ int main(int argc, char** argv) {
     set_threads(threads);
     if (*info) return cmd_info(model, tokenizer, as_json);
     if (*ev) return cmd_eval(model, tokenizer, texts, ctx, stride, max_tokens, no_bos, as_json, ff, eval_lora);
-    if (*gen) return cmd_generate(model, tokenizer, prompt, n, temp, seed, print_ids);
+    if (*gen) return cmd_generate(model, tokenizer, prompt, prompt_file, n, temp, seed, print_ids, genf);
     if (*tk) return cmd_tokenize(model, tokenizer, prompt, bos);
     if (*prep) return cmd_prepare(tokenizer, out);
     if (*rf) return cmd_retrofit(model, tokenizer, ro, balance, as_json);

@@ -61,21 +61,18 @@ double PrefixScorer::nll(const std::vector<int32_t>& ids, const std::vector<int3
   const int64_t T = (int64_t)ids.size();
   FOCUS_CHECK(T > 0 && targets.size() == ids.size(), "PrefixScorer: ", ids.size(), " ids but ", targets.size(),
               " targets");
-  const bool reuse = !focus_ || focus_->settings.mode == FocusMode::Off;
   // Rows before the first scored one need no hidden state, so their keys and values may come
   // from the previous request where the tokens agree.
   int64_t first = 0;
   while (first < T && targets[first] < 0) ++first;
   int64_t start = 0;
-  if (reuse) {
-    const int64_t lim = std::min<int64_t>({first, (int64_t)prev_.size(), cache_.len});
-    while (start < lim && prev_[start] == ids[start]) ++start;
-  }
+  const int64_t lim = std::min<int64_t>({first, (int64_t)prev_.size(), cache_.len});
+  while (start < lim && prev_[start] == ids[start]) ++start;
   if (cache_.capacity < T) {
     cache_.init(m_.cfg, std::max<int64_t>(T, 2 * cache_.capacity));
     start = 0;
   }
-  cache_.len = start;
+  cache_.truncate(start);
   hidden_.resize((T - start) * m_.cfg.dim);
   forward(m_, ids.data() + start, T - start, cache_, hidden_.data(), focus_, nullptr);
   prev_ = ids;

@@ -36,8 +36,9 @@ double window_nll(const Model& m, const std::vector<int32_t>& ids, const std::ve
 // Scores requests one after another (multiple-choice tasks), reusing the keys and values of the
 // longest prefix a request shares with the previous one: the choices of an item share their
 // context, and the items of a few-shot task share the prompt. The plain forward pass gives the
-// same numbers from a filled cache as from position 0. With active Focus routers every request
-// runs from position 0.
+// same numbers from a filled cache as from position 0; with Focus routers the cache keeps the
+// routing of the shared prefix too, so the pattern (and the numbers, up to summation order) are
+// those of a run from position 0.
 class PrefixScorer {
  public:
   PrefixScorer(const Model& m, const FocusRouters* focus);

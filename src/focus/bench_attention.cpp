@@ -13,6 +13,7 @@
 
 #include "core/error.h"
 #include "core/threads.h"
+#include "focus/focus_cache.h"
 #include "focus/group_layout.h"
 #include "focus/sparse_attention.h"
 #include "kernels/cpu/attention.h"
@@ -150,6 +151,41 @@ int run_attention_bench(const AttnBenchOptions& opt, nlohmann::json* result) {
         [&] { focus_attention_two_call(q.data(), k.data(), v.data(), o.data(), lse.data(), s, routing); }, opt.reps, 1);
     const double err_two = check ? max_err() : 0;
 
+    // Decoding: each of the last `decode` positions as a new token over the cache of all earlier
+    // ones; dense reads every cached key, Focus its window, the sinks and its groups' members.
+    const int64_t n_dec = std::min(opt.decode, n);
+    double dec_dense_ms = 0, dec_focus_ms = 0, dec_keys = 0, err_dec = 0;
+    if (n_dec > 0) {
+      FocusLayerCache fc;
+      fc.reset(opt.groups, opt.topk);
+      fc.append(ids.data(), nullptr, n);
+      std::vector<float> od(H * D);
+      int64_t keys = 0;
+      dec_focus_ms = time_ms(
+          [&] {
+            keys = 0;
+            for (int64_t i = n - n_dec; i < n; ++i)
+              keys += focus_cached_attention(q.data() + i * H * D, k.data(), v.data(), od.data(), s, i, 1,
+                                             FocusMode::Hard, fc, 1e-6f);
+          },
+          opt.reps, 1);
+      dec_keys = (double)keys / (double)n_dec;
+      std::vector<float> last(H * D);  // the last row, against the reference
+      for (int64_t h = 0; h < H; ++h)
+        focus_attention_reference_row(q.data(), k.data(), v.data(), last.data() + h * D, s, routing, n - 1, h);
+      for (int64_t y = 0; y < H * D; ++y) err_dec = std::max(err_dec, (double)std::fabs(od[y] - last[y]));
+      dec_dense_ms = time_ms(
+          [&] {
+            for (int64_t i = n - n_dec; i < n; ++i) {
+              const cpu::AttnShape d{1, i + 1, i, H, HKV, D, H * D, HKV * D, H * D, s.scale, 0};
+              cpu::flash_attention(q.data() + i * H * D, k.data(), v.data(), od.data(), nullptr, d);
+            }
+          },
+          opt.reps, 1);
+    }
+    const double dec_dense_us = n_dec > 0 ? 1e3 * dec_dense_ms / (double)n_dec : 0;
+    const double dec_focus_us = n_dec > 0 ? 1e3 * dec_focus_ms / (double)n_dec : 0;
+
     const bool have_dense = dense_reps > 0;
     const double gf_dense = have_dense ? flop_per_pair * causal_pairs / dense_ms / 1e6 : 0;
     const double gf_tiles = have_tiles ? flop_per_pair * causal_pairs / tiles_ms / 1e6 : 0;
@@ -173,6 +209,11 @@ int run_attention_bench(const AttnBenchOptions& opt, nlohmann::json* result) {
     if (have_tiles) line("dense-t", tiles_ms, gf_tiles, false, 0);
     line("fused", fused_ms, gf_fused, check, err_fused);
     line("two-call", two_ms, gf_two, check, err_two);
+    if (n_dec > 0)
+      std::printf("decode (last %lld positions, per token): dense %.1f us, Focus cache %.1f us (%.2fx), "
+                  "%.0f of %lld keys read, max_err %.2e\n",
+                  (long long)n_dec, dec_dense_us, dec_focus_us, dec_dense_us / dec_focus_us, dec_keys, (long long)n,
+                  err_dec);
     std::printf("dense = cpu::flash_attention; dense-t = dense causal on the sparse kernels' tile engine\n");
     std::printf("GFLOP/s count 4*dim*heads per computed pair (dense: causal pairs); peak RSS %.0f MB\n", rss);
 
@@ -198,6 +239,12 @@ int run_attention_bench(const AttnBenchOptions& opt, nlohmann::json* result) {
                      {"gflops_twocall", gf_two},
                      {"max_err_fused", num_or_null(err_fused, check)},
                      {"max_err_twocall", num_or_null(err_two, check)},
+                     {"decode_tokens", n_dec},
+                     {"decode_dense_us", num_or_null(dec_dense_us, n_dec > 0)},
+                     {"decode_focus_us", num_or_null(dec_focus_us, n_dec > 0)},
+                     {"speedup_decode", num_or_null(dec_dense_us / dec_focus_us, n_dec > 0)},
+                     {"decode_keys_per_token", num_or_null(dec_keys, n_dec > 0)},
+                     {"max_err_decode", num_or_null(err_dec, n_dec > 0)},
                      {"load_max_over_mean", load},
                      {"peak_rss_mb", rss}};
     if (opt.json) std::printf("%s\n", j.dump().c_str());

@@ -1,5 +1,6 @@
 // Benchmark of hard-mode Focus attention against dense causal attention on random inputs with a
-// balanced random router: times dense (cpu::flash_attention), fused and two-call in one run.
+// balanced random router: times dense (cpu::flash_attention), fused and two-call in one run, and
+// decoding (one new token over a filled cache): dense against the group-indexed Focus cache.
 #pragma once
 #include <cstdint>
 #include <nlohmann/json_fwd.hpp>
@@ -19,6 +20,7 @@ struct AttnBenchOptions {
   int reps = 3;           // timed repetitions (median), after one warm-up run
   int dense_reps = -1;    // dense repetitions: -1 = reps, 0 = skip dense; 1 = one run, no warm-up
   bool dense_tiles = true;  // also time dense causal on the sparse kernels' tile engine
+  int64_t decode = 32;    // also time decoding the last `decode` positions from a cache (0: skip)
   int64_t check_rows = 64;  // rows checked against the reference when n <= 8192 (0: no check)
   uint64_t seed = 1;
   bool json = false;      // print one JSON object as the last stdout line

@@ -20,6 +20,14 @@ void KVCache::init(const ModelConfig& c, int64_t cap) {
   kv_dim = c.kv_dim();
   k.assign(c.layers, std::vector<float>(cap * kv_dim));
   v.assign(c.layers, std::vector<float>(cap * kv_dim));
+  focus.clear();
+}
+
+void KVCache::truncate(int64_t n) {
+  FOCUS_CHECK(n >= 0 && n <= len, "KVCache: cannot keep ", n, " of ", len, " positions");
+  for (auto& f : focus)
+    if (f.len > n) f.truncate(n);
+  len = n;
 }
 
 namespace {
@@ -31,23 +39,52 @@ void norm(const ModelConfig& c, const float* x, const float* w, const float* b, 
     cpu::layernorm(x, w, b, out, rows, c.dim, c.norm_eps);
 }
 
-// Focus attention of one layer over positions 0 .. T-1: route xn, then the soft (biased) or the
-// hard (sparse) kernel.
-void focus_attention_layer(const ModelConfig& c, int64_t layer, const FocusRouters& F, const RouterParams& rp, const float* xn,
-                           const float* q, const float* k, const float* v, float* att, int64_t T, FocusStats* stats) {
+// The attention shape of a Focus layer over n tokens of this model.
+FocusAttnShape focus_shape(const ModelConfig& c, const FocusSettings& fs, int64_t n) {
+  FocusAttnShape s;
+  s.n = n;
+  s.heads = c.heads;
+  s.kv_heads = c.kv_heads;
+  s.head_dim = c.head_dim;
+  s.q_stride = c.q_dim();
+  s.kv_stride = c.kv_dim();
+  s.o_stride = c.q_dim();
+  s.scale = c.attn_scale;
+  s.window = fs.window;
+  s.sinks = fs.sinks;
+  return s;
+}
+
+// Routes the T new positions pos0 .. pos0+T-1 of layer l (soft assignments into rc, hard top-k
+// memberships into groups [T, topk]) and appends them to the cache's routing of the layer.
+// Window mode routes nothing.
+void route_into_cache(const FocusRouters& F, const RouterParams& rp, const float* xn, int64_t T, int64_t pos0,
+                      KVCache& cache, int64_t l, RouterCache& rc, std::vector<int32_t>& groups) {
+  const FocusSettings& fs = F.settings;
+  if ((int64_t)cache.focus.size() < (int64_t)cache.k.size()) cache.focus.resize(cache.k.size());
+  if (fs.mode == FocusMode::Window) return;
+  FocusLayerCache& fc = cache.focus[l];
+  if (pos0 == 0) fc.reset(fs.groups, fs.topk);
+  FOCUS_CHECK(fc.len == pos0 && fc.groups == fs.groups && fc.topk == fs.topk,
+              "forward: the KV cache holds ", pos0, " positions but the Focus routing of ", fc.len,
+              " of them (layer ", l, "); fill it from position 0 with the same routers");
+  FOCUS_CHECK(fs.mode != FocusMode::Soft || pos0 == 0 || !fc.p.empty(),
+              "forward: the KV cache was filled with hard routing; soft mode needs it filled in soft mode");
+  router_forward(rp, xn, T, rc);
+  groups.resize(T * fs.topk);
+  router_topk(rc.s.data(), rp.bias.data(), T, fs.groups, fs.topk, groups.data());
+  fc.append(groups.data(), fs.mode == FocusMode::Soft ? rc.p.data() : nullptr, T);
+}
+
+// Focus attention of one layer over positions 0 .. T-1, given the routing of those positions
+// (rc: soft assignments; groups [T, topk]: hard memberships): the soft (biased), hard (sparse) or
+// window kernel.
+void focus_attention_layer(const ModelConfig& c, int64_t layer, const FocusRouters& F, const RouterCache& rc,
+                           const std::vector<int32_t>& groups, const float* q, const float* k, const float* v,
+                           float* att, int64_t T, FocusStats* stats) {
   const FocusSettings& fs = F.settings;
   if (fs.mode == FocusMode::Window) {
-    FocusAttnShape s;
-    s.n = T;
-    s.heads = c.heads;
-    s.kv_heads = c.kv_heads;
-    s.head_dim = c.head_dim;
-    s.q_stride = c.q_dim();
-    s.kv_stride = c.kv_dim();
-    s.o_stride = c.q_dim();
-    s.scale = c.attn_scale;
-    s.window = fs.window;
-    s.sinks = fs.sinks;
+    const FocusAttnShape s = focus_shape(c, fs, T);
     focus_window_attention(q, k, v, att, nullptr, s);
     if (stats) {
       const double w = (double)std::min(fs.window, T), S = (double)std::min(fs.sinks, T);
@@ -60,8 +97,6 @@ void focus_attention_layer(const ModelConfig& c, int64_t layer, const FocusRoute
     }
     return;
   }
-  RouterCache rc;
-  router_forward(rp, xn, T, rc);
   if (fs.mode == FocusMode::Soft) {
     SoftAttnShape s;
     s.n = T;
@@ -76,20 +111,8 @@ void focus_attention_layer(const ModelConfig& c, int64_t layer, const FocusRoute
     soft_attention_forward(q, k, v, rc.p.data(), att, nullptr, s);
     return;
   }
-  std::vector<int32_t> groups(T * fs.topk);
-  router_topk(rc.s.data(), rp.bias.data(), T, fs.groups, fs.topk, groups.data());
   const Routing routing{groups.data(), fs.groups, fs.topk};
-  FocusAttnShape s;
-  s.n = T;
-  s.heads = c.heads;
-  s.kv_heads = c.kv_heads;
-  s.head_dim = c.head_dim;
-  s.q_stride = c.q_dim();
-  s.kv_stride = c.kv_dim();
-  s.o_stride = c.q_dim();
-  s.scale = c.attn_scale;
-  s.window = fs.window;
-  s.sinks = fs.sinks;
+  const FocusAttnShape s = focus_shape(c, fs, T);
   focus_attention_fused(q, k, v, att, nullptr, s, routing);
   if (stats && stats->groups) {
     if ((int64_t)stats->groups->size() < c.layers) stats->groups->resize(c.layers);
@@ -119,6 +142,8 @@ void forward(const Model& m, const int32_t* ids, int64_t T, KVCache& cache, floa
 
   std::vector<float> xn(T * D), q(T * c.q_dim()), att(T * c.q_dim()), tmp(T * D);
   std::vector<float> gate(T * c.ffn), up(T * c.ffn);
+  RouterCache rcache;
+  std::vector<int32_t> groups;
   float* x = hidden;  // the residual stream lives in the output buffer
 
   for (int64_t t = 0; t < T; ++t) {
@@ -152,12 +177,23 @@ void forward(const Model& m, const int32_t* ids, int64_t T, KVCache& cache, floa
       cpu::rope(q.data(), T, c.heads, c.head_dim, c.rope_dim, pos0, theta, c.rope_style);
       cpu::rope(kc, T, c.kv_heads, c.head_dim, c.rope_dim, pos0, theta, c.rope_style);
     }
-    const int64_t ri = (focus && focus->settings.mode != FocusMode::Off) ? focus->router_of_layer[l] : -1;
-    if (ri >= 0 && window == 0 && pos0 + T > focus->settings.window) {
-      FOCUS_CHECK(pos0 == 0, "Focus attention over a filled KV cache (incremental decoding) is not supported yet; "
-                             "run the whole context in one call");
-      focus_attention_layer(c, l, *focus, focus->routers[ri], xn.data(), q.data(), cache.k[l].data(),
-                            cache.v[l].data(), att.data(), T, stats);
+    const int64_t ri = (focus && focus->settings.mode != FocusMode::Off && window == 0) ? focus->router_of_layer[l] : -1;
+    if (ri >= 0) route_into_cache(*focus, focus->routers[ri], xn.data(), T, pos0, cache, l, rcache, groups);
+    if (ri >= 0 && pos0 + T > focus->settings.window) {
+      if (pos0 == 0) {
+        focus_attention_layer(c, l, *focus, rcache, groups, q.data(), cache.k[l].data(), cache.v[l].data(),
+                              att.data(), T, stats);
+      } else {
+        const FocusSettings& fs = focus->settings;
+        const int64_t pairs = focus_cached_attention(q.data(), cache.k[l].data(), cache.v[l].data(), att.data(),
+                                                     focus_shape(c, fs, pos0 + T), pos0, T, fs.mode, cache.focus[l],
+                                                     fs.eps);
+        if (stats && fs.mode != FocusMode::Soft) {
+          stats->computed_pairs += (double)pairs;
+          stats->causal_pairs += (double)T * (double)pos0 + 0.5 * (double)T * (double)(T + 1);
+          stats->layers++;
+        }
+      }
     } else {
       cpu::AttnShape s{T, pos0 + T, pos0, c.heads, c.kv_heads, c.head_dim, c.q_dim(), c.kv_dim(), c.q_dim(),
                        c.attn_scale, window};

@@ -3,10 +3,13 @@
 // stays causal, and bad setups are refused.
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+
+#include <nlohmann/json.hpp>
 
 #include "core/error.h"
 #include "core/threads.h"
@@ -131,6 +134,34 @@ TEST(Retrofit, InterruptedRunResumesToTheSameBits) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("checkpoint.safetensors"), std::string::npos) << e.what();
   }
+}
+
+// The elapsed time in the metrics log counts each second once, however often a checkpoint is
+// written (a checkpoint every step once made it grow geometrically).
+TEST(Retrofit, ElapsedTimeIsWallTimeWithCheckpointsEveryStep) {
+  FOCUS_NEED_FILE(stories());
+  FOCUS_NEED_FILE(book("pg-345-dracula.txt"));
+  auto m = load_model(stories(), LoadOptions{tok512()});
+  const std::string out = ::testing::TempDir() + "/focus_retrofit_seconds";
+  RetrofitOptions o = small_run(out);
+  o.steps = 12;
+  o.checkpoint_seconds = 0;
+  const auto t0 = std::chrono::steady_clock::now();
+  const RetrofitResult r = run_retrofit(*m, o);
+  const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_LE(r.seconds, wall + 1e-3);
+  std::ifstream in(out + "/metrics.jsonl");
+  double last = 0;
+  int steps = 0;
+  for (std::string l; std::getline(in, l);) {
+    const nlohmann::json j = nlohmann::json::parse(l);
+    if (!j.contains("seconds")) continue;
+    EXPECT_GE(j["seconds"].get<double>(), last);
+    last = j["seconds"].get<double>();
+    ++steps;
+  }
+  EXPECT_EQ(steps, 12);
+  EXPECT_LE(last, wall + 1e-3) << "the log counts more seconds than the run took";
 }
 
 TEST(Retrofit, RefusesADocumentOnBothSides) {

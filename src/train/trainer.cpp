@@ -177,7 +177,10 @@ TrainLoopResult run_train_loop(const Model& m, const TrainOptions& o, const Trai
   install_interrupt_handler();
   Progress bar(task.name, o.steps, "step");
   const auto t0 = std::chrono::steady_clock::now();
-  auto elapsed = [&] { return ck.seconds + std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(); };
+  const double seconds_before = ck.seconds;  // time spent by the runs this one resumes
+  auto elapsed = [&] {
+    return seconds_before + std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  };
   auto last_ckpt = std::chrono::steady_clock::now();
   const int64_t tokens_per_step = o.batch * (o.ctx - 1);
   int64_t step = ck.step;

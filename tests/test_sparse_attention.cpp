@@ -310,10 +310,11 @@ TEST(FocusAttention, RejectsBadShapes) {
 // past the rows being run are NaN, so reading one would show. The cache is truncated and
 // refilled first, as a prefix reuse does.
 TEST(FocusCachedAttention, DecodeAndChunksEqualOneCall) {
-  const int64_t n = 301, window = 16, heads = 4, hd = 20, G = 7;
+  const int64_t n = 301, window = 16, heads = 4, G = 7;
   for (int topk : {1, 2})
     for (int64_t kv_heads : {4, 2, 1})
       for (int64_t sinks : {0, 2}) {
+        const int64_t hd = topk == 1 ? 20 : 16;  // a head dim with a scalar tail, and one of whole vectors
         const uint32_t seed = (uint32_t)(topk * 31 + kv_heads * 7 + sinks);
         const Inputs in = make_inputs(n, heads, kv_heads, hd, window, sinks, seed);
         const FocusAttnShape& s = in.s;
@@ -345,8 +346,11 @@ TEST(FocusCachedAttention, DecodeAndChunksEqualOneCall) {
             },
             in);
         const Out ref_win = run([&](auto... a) { focus::focus_window_attention(a..., s); }, in);
+        const std::vector<int32_t> one_group(n * topk, 0);  // everyone in group 0: dense causal
+        const Routing dense_routing{one_group.data(), G, 1};
+        const Out ref_dense = run([&](auto... a) { focus::focus_attention_reference(a..., s, dense_routing); }, in);
         for (auto [mode, ref] : {std::pair{focus::FocusMode::Hard, &ref_hard}, std::pair{focus::FocusMode::Soft, &ref_soft},
-                                 std::pair{focus::FocusMode::Window, &ref_win}}) {
+                                 std::pair{focus::FocusMode::Window, &ref_win}, std::pair{focus::FocusMode::Off, &ref_dense}}) {
           Out got;
           got.o.assign(n * s.o_stride, 0.f);
           got.lse = ref->lse;  // the cached path makes no lse
@@ -365,10 +369,11 @@ TEST(FocusCachedAttention, DecodeAndChunksEqualOneCall) {
           step(100, 37);
           for (int64_t i = 137; i < n; ++i) step(i, 1);
           const std::string what = focus::to_string(mode) + " k " + std::to_string(topk) + " kv_heads " +
-                                   std::to_string(kv_heads) + " sinks " + std::to_string(sinks);
+                                   std::to_string(kv_heads) + " sinks " + std::to_string(sinks) +
+                                   " head dim " + std::to_string(hd);
           EXPECT_LE(rel_err(got, *ref, s), 1e-5) << what;
           if (mode == focus::FocusMode::Hard) EXPECT_EQ(pairs, focus::focus_pair_count(r, n, window, sinks)) << what;
-          if (mode == focus::FocusMode::Soft) EXPECT_EQ(pairs, n * (n + 1) / 2) << what;
+          if (mode == focus::FocusMode::Soft || mode == focus::FocusMode::Off) EXPECT_EQ(pairs, n * (n + 1) / 2) << what;
         }
       }
 }
@@ -418,11 +423,15 @@ TEST(FocusAttentionBench, JsonKeysErrorsAndSkippedRuns) {
   EXPECT_GT(j["decode_keys_per_token"].get<double>(), (double)o.window);
   EXPECT_LT(j["decode_keys_per_token"].get<double>(), (double)o.n);
   EXPECT_GT(j["speedup_decode"].get<double>(), 0.0);
+  // Dense through the Focus decode kernel (every key) gives what the dense flash kernel gives.
+  EXPECT_LT(j["max_err_decode_dense_split"].get<double>(), 1e-5);
+  EXPECT_GT(j["speedup_decode_same_kernel"].get<double>(), 0.0);
   o.dense_tiles = true;
   o.decode = 0;
   ASSERT_EQ(focus::run_attention_bench(o, &j), 0);
   EXPECT_GT(j["dense_tiles_ms"].get<double>(), 0.0);
   EXPECT_TRUE(j["speedup_decode"].is_null());
+  EXPECT_TRUE(j["decode_dense_split_us"].is_null());
   o.dense_reps = 0;
   ASSERT_EQ(focus::run_attention_bench(o, &j), 0);
   EXPECT_TRUE(j["dense_ms"].is_null());

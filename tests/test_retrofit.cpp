@@ -176,3 +176,35 @@ TEST(Retrofit, RefusesADocumentOnBothSides) {
     EXPECT_NE(std::string(e.what()).find("both training and validation"), std::string::npos) << e.what();
   }
 }
+
+TEST(Retrofit, InitContinuesFromSavedRouters) {
+  FOCUS_NEED_FILE(stories());
+  auto m = load_model(stories(), LoadOptions{tok512()});
+  const std::string a = ::testing::TempDir() + "/focus_retrofit_init_a";
+  RetrofitOptions oa = small_run(a);
+  oa.steps = 8;
+  const RetrofitResult ra = run_retrofit(*m, oa);
+  ASSERT_FALSE(ra.interrupted);
+
+  // A second run from A's routers starts exactly where A ended: the same validation windows give
+  // the same soft and hard perplexities before its first step.
+  RetrofitOptions ob = small_run(::testing::TempDir() + "/focus_retrofit_init_b");
+  ob.steps = 2;
+  ob.init = a;
+  const RetrofitResult rb = run_retrofit(*m, ob);
+  EXPECT_EQ(rb.before.ppl_soft, ra.after.ppl_soft);
+  EXPECT_EQ(rb.before.ppl_hard, ra.after.ppl_hard);
+  EXPECT_NE(rb.before.ppl_soft, ra.before.ppl_soft);  // not the random start
+
+  // Routers of another shape are refused, naming the folder's config.
+  RetrofitOptions oc = small_run(::testing::TempDir() + "/focus_retrofit_init_c");
+  oc.focus.groups = 4;
+  oc.init = a;
+  try {
+    run_retrofit(*m, oc);
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("focus.json"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("groups 8"), std::string::npos) << e.what();
+  }
+}

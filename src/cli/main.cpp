@@ -313,11 +313,23 @@ int cmd_prepare(const std::string& in, const std::string& out) {
   return 0;
 }
 
-int cmd_retrofit(const std::string& model, const std::string& tokenizer, RetrofitOptions o, const std::string& balance,
-                 bool as_json) {
+// Which router-shaping flags the command line gave; with --init the others follow the folder.
+struct RouterShapeGiven {
+  bool groups, dg, tau, learn_tau;
+};
+
+int cmd_retrofit(const std::string& model, const std::string& tokenizer, RetrofitOptions o,
+                 const RouterShapeGiven& given, const std::string& balance, bool as_json) {
   LoadOptions lo;
   lo.tokenizer = tokenizer;
   auto m = load_model(model, lo);
+  if (!o.init.empty()) {
+    const FocusSettings s = load_focus(o.init, m->cfg).settings;
+    if (!given.groups) o.focus.groups = s.groups;
+    if (!given.dg) o.focus.dg = s.dg;
+    if (!given.tau) o.focus.tau = s.tau;
+    if (!given.learn_tau) o.focus.learn_tau = s.learn_tau;
+  }
   o.balance = parse_balance(balance);
   RetrofitResult r = run_retrofit(*m, o);
   auto row = [](const char* name, double a, double b) {
@@ -547,6 +559,9 @@ int main(int argc, char** argv) {
   rf->add_flag("--learn-tau", ro.focus.learn_tau, "train each router's temperature too");
   rf->add_option("--balance", balance, "group balancing: none, swav (Sinkhorn targets), bias (load-driven bias)");
   rf->add_option("--balance-weight", ro.balance_weight, "SwAV loss weight or bias rate");
+  rf->add_option("--init", ro.init,
+                 "start from the routers in this folder (continue training: more text, longer --ctx); "
+                 "--groups, --dg, --tau, --learn-tau default to the folder's");
 
   LoraOptions lro;
   auto* lr = app.add_subcommand("lora", "train LoRA adapters on the attention projections (the baseline)");
@@ -614,7 +629,11 @@ int main(int argc, char** argv) {
     if (*gen) return cmd_generate(model, tokenizer, prompt, prompt_file, n, temp, seed, print_ids, genf);
     if (*tk) return cmd_tokenize(model, tokenizer, prompt, bos);
     if (*prep) return cmd_prepare(tokenizer, out);
-    if (*rf) return cmd_retrofit(model, tokenizer, ro, balance, as_json);
+    if (*rf) {
+      const RouterShapeGiven given{rf->count("--groups") > 0, rf->count("--dg") > 0, rf->count("--tau") > 0,
+                                   rf->count("--learn-tau") > 0};
+      return cmd_retrofit(model, tokenizer, ro, given, balance, as_json);
+    }
     if (*lr) return cmd_lora(model, tokenizer, lro, as_json);
     if (*bt) {
       FOCUS_CHECK(list_tasks_only || !model.empty(), "bench-tasks: give --model MODEL");

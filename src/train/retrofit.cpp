@@ -53,7 +53,25 @@ json run_identity(const Model& m, const RetrofitOptions& o) {
           {"steps", o.steps},         {"batch", o.batch},           {"warmup", o.warmup},
           {"lr", o.adam.lr},          {"window", o.focus.window},   {"sinks", o.focus.sinks},
           {"groups", o.focus.groups}, {"dg", o.focus.dg},           {"tau", o.focus.tau},
-          {"seed", o.seed},           {"balance", balance_name(o.balance)}, {"balance_weight", o.balance_weight}};
+          {"seed", o.seed},           {"balance", balance_name(o.balance)}, {"balance_weight", o.balance_weight},
+          {"init", o.init}};
+}
+
+// Replaces the seeded routers of f by those saved in dir (the settings that define the
+// parameters must agree; errors name the folder's focus.json).
+void init_from(FocusRouters& f, const std::string& dir, const ModelConfig& c) {
+  const FocusRouters g = load_focus(dir, c);
+  const std::string jp = dir + "/focus.json";
+  const FocusSettings &a = f.settings, &b = g.settings;
+  FOCUS_CHECK(a.groups == b.groups && a.dg == b.dg && a.learn_tau == b.learn_tau, jp,
+              ": --init routers have groups ", b.groups, ", d_g ", b.dg, b.learn_tau ? ", learned tau" : "",
+              "; this run asks for groups ", a.groups, ", d_g ", a.dg, a.learn_tau ? ", learned tau" : "");
+  FOCUS_CHECK(a.learn_tau || a.tau == b.tau, jp, ": --init routers use tau ", b.tau, "; this run asks for tau ", a.tau);
+  FOCUS_CHECK(g.router_of_layer == f.router_of_layer, jp, ": --init routers sit on other layers than this model routes");
+  for (size_t r = 0; r < f.routers.size(); ++r) {
+    f.routers[r].params = g.routers[r].params;
+    f.routers[r].bias = g.routers[r].bias;
+  }
 }
 
 }  // namespace
@@ -97,6 +115,7 @@ RetrofitResult run_retrofit(const Model& m, const RetrofitOptions& o) {
   fs_.mode = FocusMode::Soft;
   FocusRouters f = focus_init(m.cfg, fs_, o.seed);
   FOCUS_CHECK(!f.routers.empty(), "retrofit: the model has no global attention layer to route");
+  if (!o.init.empty()) init_from(f, o.init, m.cfg);
   std::vector<BiasBalancer> balancers;
   if (o.balance == Balance::Bias)
     for (size_t r = 0; r < f.routers.size(); ++r)

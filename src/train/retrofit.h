@@ -19,6 +19,10 @@ struct RetrofitOptions : TrainOptions {
   FocusSettings focus;                    // window, sinks, groups, dg, topk (hard validation), tau
   Balance balance = Balance::None;
   float balance_weight = 0.1f;            // SwAV loss weight, or the bias update rate
+  // Start from the routers of this folder (a finished or earlier retrofit) instead of random
+  // ones: to continue training on more text or at a longer context. Its groups, d_g, tau and
+  // learn_tau must equal `focus`; window and sinks may differ (they shape the pattern only).
+  std::string init;
 };
 
 struct ValidResult {

@@ -212,6 +212,30 @@ TEST(FocusAttention, N3001MatchesReference) {
   check_against_reference(3001, 1, 2, 1, 4);
 }
 
+TEST(FocusAttention, ScratchIsKeptThenTrimmed) {
+  // The kernels keep their buffers between calls; trimming frees them and the next call, which
+  // allocates afresh, gives the same bits.
+  const Inputs in = make_inputs(2000, 4, 2, 64, 32, 1, 5);
+  const std::vector<int32_t> ids = make_routing(2000, 2, 7, 6);
+  const Routing r{ids.data(), 7, 2};
+  focus::focus_attention_trim_scratch(0);
+  EXPECT_EQ(focus::focus_attention_scratch_bytes(), 0u);
+  const Out a = run([&](auto... p) { focus::focus_attention_fused(p..., in.s, r); }, in);
+  const Out t = run([&](auto... p) { focus::focus_attention_two_call(p..., in.s, r); }, in);
+  const size_t held = focus::focus_attention_scratch_bytes();
+  EXPECT_GE(held, 2 * 2000 * 64 * sizeof(float)) << "key and value tiles of 2000 tokens";
+  focus::focus_attention_trim_scratch(held);  // within the limit: kept
+  EXPECT_EQ(focus::focus_attention_scratch_bytes(), held);
+  focus::focus_attention_trim_scratch(held - 1);
+  EXPECT_EQ(focus::focus_attention_scratch_bytes(), 0u);
+  const Out b = run([&](auto... p) { focus::focus_attention_fused(p..., in.s, r); }, in);
+  const Out t2 = run([&](auto... p) { focus::focus_attention_two_call(p..., in.s, r); }, in);
+  EXPECT_EQ(a.o, b.o);
+  EXPECT_EQ(a.lse, b.lse);
+  EXPECT_EQ(t.o, t2.o);
+  EXPECT_EQ(t.lse, t2.lse);
+}
+
 TEST(FocusAttention, OddHeadDimsAndStrides) {
   for (int64_t hd : {8, 80})
     for (int topk : {1, 2}) check_against_reference(300, 16, topk, 2, 3, 4, hd, /*pad=*/5);

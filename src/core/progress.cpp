@@ -8,6 +8,27 @@
 
 namespace focus {
 
+std::string format_rate(double per_s, const std::string& unit) {
+  char b[64];
+  if (per_s >= 1 || per_s <= 0)
+    std::snprintf(b, sizeof(b), "%.1f %s/s", per_s, unit.c_str());
+  else
+    std::snprintf(b, sizeof(b), "%.1f s/%s", 1 / per_s, unit.c_str());
+  return b;
+}
+
+std::string format_duration(double seconds) {
+  const long long s = seconds > 0 ? (long long)(seconds + 0.5) : 0;
+  char b[32];
+  if (s < 60)
+    std::snprintf(b, sizeof(b), "%llds", s);
+  else if (s < 3600)
+    std::snprintf(b, sizeof(b), "%lldm%02llds", s / 60, s % 60);
+  else
+    std::snprintf(b, sizeof(b), "%lldh%02lldm", s / 3600, s % 3600 / 60);
+  return b;
+}
+
 Progress::Progress(std::string label, int64_t total, std::string unit)
     : label_(std::move(label)), unit_(std::move(unit)), total_(total), tty_(isatty(2)) {
   start_ = last_ = std::chrono::steady_clock::now();
@@ -26,16 +47,19 @@ void Progress::update(int64_t done, const std::string& extra) {
   const double frac = total_ > 0 ? (double)done / total_ : 0;
   std::string bar(width, ' ');
   for (int i = 0; i < (int)(frac * width); ++i) bar[i] = '=';
-  std::fprintf(stderr, "%s%s [%s] %3.0f%% %lld/%lld %s %.1f %s/s ETA %.0fs %s%s", tty_ ? "\r" : "", label_.c_str(),
-               bar.c_str(), frac * 100, (long long)done, (long long)total_, unit_.c_str(), rate, unit_.c_str(), eta,
-               extra.c_str(), tty_ ? "\x1b[K" : "\n");
+  std::fprintf(stderr, "%s%s [%s] %3.0f%% %lld/%lld %s ETA %s %s%s", tty_ ? "\r" : "", label_.c_str(), bar.c_str(),
+               frac * 100, (long long)done, (long long)total_, format_rate(rate, unit_).c_str(),
+               format_duration(eta).c_str(), extra.c_str(), tty_ ? "\x1b[K" : "\n");
   std::fflush(stderr);
 }
 
 void Progress::finish(const std::string& extra) {
   const double el = std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
   if (tty_ && drawn_) std::fprintf(stderr, "\r\x1b[K");
-  std::fprintf(stderr, "%s done in %.1fs %s\n", label_.c_str(), el, extra.c_str());
+  char took[32];
+  if (el < 60) std::snprintf(took, sizeof(took), "%.1fs", el);
+  std::fprintf(stderr, "%s done in %s %s\n", label_.c_str(), el < 60 ? took : format_duration(el).c_str(),
+               extra.c_str());
 }
 
 namespace {

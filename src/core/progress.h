@@ -6,6 +6,11 @@
 
 namespace focus {
 
+// "12.3 tok/s", or "4.2 s/step" below one unit per second.
+std::string format_rate(double per_s, const std::string& unit);
+// "42s", "3m07s", "1h05m".
+std::string format_duration(double seconds);
+
 class Progress {
  public:
   Progress(std::string label, int64_t total, std::string unit);

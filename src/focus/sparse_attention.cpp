@@ -66,6 +66,11 @@ class FloatBuffer {
   }
   float* data() { return p_.get(); }
   const float* data() const { return p_.get(); }
+  size_t bytes() const { return n_ * sizeof(float); }
+  void release() {
+    p_.reset();
+    n_ = 0;
+  }
 
  private:
   struct Free {
@@ -95,6 +100,12 @@ struct KeyTiles {
     n_tiles = tiles;
     kt.resize(tiles * hdp * kBk);
     v.resize(tiles * kBk * hdp);
+  }
+  size_t bytes() const { return kt.bytes() + v.bytes(); }
+  void release() {
+    kt.release();
+    v.release();
+    n_tiles = 0;
   }
   const float* kt_tile(int64_t t) const { return kt.data() + t * hdp * kBk; }
   const float* v_tile(int64_t t) const { return v.data() + t * kBk * hdp; }
@@ -452,6 +463,11 @@ void run_tiles(const float* q, const FocusAttnShape& s, const Routing& r, const 
 // Partial states of one kv head's query heads for topk 2: slot 0 and slot 1 per token.
 struct SlotBuffers {
   FloatBuffer o, lse;
+  size_t bytes() const { return o.bytes() + lse.bytes(); }
+  void release() {
+    o.release();
+    lse.release();
+  }
   void resize(int64_t n, int64_t hpk, int64_t hd) {
     o.resize(2 * n * hpk * hd);
     lse.resize(2 * hpk * n);
@@ -469,6 +485,23 @@ void merge_slots(SlotBuffers& B, const FocusAttnShape& s, int64_t kvh, float* o,
   const StateRef d{o + kvh * hpk * hd, s.o_stride, lse ? lse + kvh * hpk * n : nullptr, n};
   merge_states(n, hpk, hd, a, b, d);
 }
+
+// The calling thread's buffers of the kernels below (see FloatBuffer).
+struct Scratch {
+  KeyTiles okeys, gkeys;  // tiles in original order (fused, window) and in packed group order
+  SlotBuffers slots;      // top-2 partial states
+  FloatBuffer lse1, o2, lse2;  // the two-call decomposition's second output
+  size_t bytes() const { return okeys.bytes() + gkeys.bytes() + slots.bytes() + lse1.bytes() + o2.bytes() + lse2.bytes(); }
+  void release() {
+    okeys.release();
+    gkeys.release();
+    slots.release();
+    lse1.release();
+    o2.release();
+    lse2.release();
+  }
+};
+thread_local Scratch tl_scratch;
 
 // Work-shared loops (inside a parallel region) filling the tiles of kv head kvh in original
 // order and in packed group order; `nowait` skips the closing barrier.
@@ -593,13 +626,11 @@ void focus_attention_fused(const float* q, const float* k, const float* v, float
   const int64_t hd = s.head_dim, hdp = padded_dim(hd), hpk = s.heads / s.kv_heads;
   PackedGroups P;
   P.build(L, r, s.sinks);
-  static thread_local KeyTiles tl_okeys, tl_gkeys;
-  KeyTiles &okeys = tl_okeys, &gkeys = tl_gkeys;  // the calling thread's, shared by the team
+  KeyTiles &okeys = tl_scratch.okeys, &gkeys = tl_scratch.gkeys;  // the calling thread's, shared by the team
   okeys.resize((s.n + kBk - 1) / kBk, hdp);
   gkeys.resize(P.n_tiles(), hdp);
   const std::vector<TileItem> items = tile_items(P, hpk, s.window, kFusedBatch, true);
-  static thread_local SlotBuffers tl_slots;
-  SlotBuffers& B = tl_slots;
+  SlotBuffers& B = tl_scratch.slots;
   if (r.topk == 2) B.resize(s.n, hpk, hd);
   for (int64_t kvh = 0; kvh < s.kv_heads; ++kvh) {
     GroupSink sinks[2];
@@ -625,8 +656,7 @@ void focus_window_attention(const float* q, const float* k, const float* v, floa
   if (s.n == 0) return;
   const int64_t hd = s.head_dim, hdp = padded_dim(hd), hpk = s.heads / s.kv_heads;
   const int64_t n_qt = (s.n + kBq - 1) / kBq;
-  static thread_local KeyTiles tl_keys;
-  KeyTiles& keys = tl_keys;
+  KeyTiles& keys = tl_scratch.okeys;
   keys.resize((s.n + kBk - 1) / kBk, hdp);
   for (int64_t kvh = 0; kvh < s.kv_heads; ++kvh) {
 #pragma omp parallel
@@ -667,12 +697,10 @@ void focus_group_attention(const float* q, const float* k, const float* v, float
   const int64_t hd = s.head_dim, hdp = padded_dim(hd), hpk = s.heads / s.kv_heads;
   PackedGroups P;
   P.build(L, r, s.sinks);
-  static thread_local KeyTiles tl_gkeys;
-  KeyTiles& gkeys = tl_gkeys;
+  KeyTiles& gkeys = tl_scratch.gkeys;
   gkeys.resize(P.n_tiles(), hdp);
   const std::vector<TileItem> items = tile_items(P, hpk, s.window, 1, false);
-  static thread_local SlotBuffers tl_slots;
-  SlotBuffers& B = tl_slots;
+  SlotBuffers& B = tl_scratch.slots;
   if (r.topk == 2) B.resize(s.n, hpk, hd);
   for (int64_t kvh = 0; kvh < s.kv_heads; ++kvh) {
     GroupSink sinks[2];
@@ -697,8 +725,7 @@ void focus_attention_two_call(const float* q, const float* k, const float* v, fl
   check_routing(r, s.n);
   if (s.n == 0) return;
   const int64_t row = s.heads * s.head_dim;
-  static thread_local FloatBuffer tl_lse1, tl_o2, tl_lse2;
-  FloatBuffer &lse1 = tl_lse1, &o2 = tl_o2, &lse2 = tl_lse2;
+  FloatBuffer &lse1 = tl_scratch.lse1, &o2 = tl_scratch.o2, &lse2 = tl_scratch.lse2;
   lse1.resize(s.heads * s.n);
   o2.resize(s.n * row);
   lse2.resize(s.heads * s.n);
@@ -708,6 +735,12 @@ void focus_attention_two_call(const float* q, const float* k, const float* v, fl
   focus_group_attention(q, k, v, o2.data(), lse2.data(), s2, r);
   merge_attention_states(o, lse1.data(), s.o_stride, o2.data(), lse2.data(), row, s.n, s.heads, s.head_dim);
   if (lse) std::copy(lse1.data(), lse1.data() + s.heads * s.n, lse);
+}
+
+size_t focus_attention_scratch_bytes() { return tl_scratch.bytes(); }
+
+void focus_attention_trim_scratch(size_t max_bytes) {
+  if (tl_scratch.bytes() > max_bytes) tl_scratch.release();
 }
 
 }  // namespace focus

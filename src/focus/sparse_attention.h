@@ -59,6 +59,13 @@ void focus_window_attention(const float* q, const float* k, const float* v, floa
 void focus_group_attention(const float* q, const float* k, const float* v, float* o, float* lse,
                            const FocusAttnShape& s, const Routing& routing);
 
+// The fused, window, group and two-call kernels keep their key tiles and partial states in
+// buffers of the calling thread that only grow, so the calls after the first (every layer of a
+// forward pass) fault in no new pages. Bytes held by the calling thread; trim frees them all when
+// they exceed max_bytes (the model's forward pass trims after each call, see model.h).
+size_t focus_attention_scratch_bytes();
+void focus_attention_trim_scratch(size_t max_bytes = 0);
+
 // Exact merge of two partial attentions over disjoint key sets, in place into (o, lse):
 // o = (e^lse o + e^lse2 o2) / (e^lse + e^lse2), lse = log(e^lse + e^lse2). Both -inf gives o = 0.
 // o and o2 are [n, heads, head_dim] with row strides o_stride and o2_stride; lse, lse2 [heads, n].

@@ -129,6 +129,10 @@ void focus_attention_layer(const ModelConfig& c, int64_t layer, const FocusRoute
 
 }  // namespace
 
+// The sparse kernels' scratch kept by the calling thread between forward calls; a long-context
+// prefill's larger buffers are freed when it returns.
+constexpr size_t kAttentionScratchKept = size_t{64} << 20;
+
 void forward(const Model& m, const int32_t* ids, int64_t T, KVCache& cache, float* hidden, const FocusRouters* focus,
              FocusStats* stats) {
   const ModelConfig& c = m.cfg;
@@ -223,6 +227,7 @@ void forward(const Model& m, const int32_t* ids, int64_t T, KVCache& cache, floa
   }
   norm(c, x, m.w.out_norm, m.w.out_norm_b, x, T);
   cache.len = pos0 + T;
+  focus_attention_trim_scratch(kAttentionScratchKept);
 }
 
 void compute_logits(const Model& m, const float* hidden, int64_t rows, float* logits) {

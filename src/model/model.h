@@ -50,7 +50,9 @@ struct KVCache {
 // once the context is longer than the Focus window; otherwise the plain kernel runs, so the logits
 // equal the frozen model's bit for bit. The routing of the new positions goes into the cache, so
 // a later call (decoding, chunked prefill) attends to the cached positions under the same
-// pattern; such a cache must have been filled from position 0 with the same routers and mode. `stats` (optional) accumulates the hard pattern's density.
+// pattern; such a cache must have been filled from position 0 with the same routers and mode.
+// `stats` (optional) accumulates the hard pattern's density. The sparse kernels' scratch that the
+// call grew beyond 64 MiB is freed before it returns.
 void forward(const Model& m, const int32_t* ids, int64_t T, KVCache& cache, float* hidden,
              const FocusRouters* focus = nullptr, FocusStats* stats = nullptr);
 

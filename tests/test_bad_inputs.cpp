@@ -16,6 +16,7 @@
 #include "test_util.h"
 
 namespace fs = std::filesystem;
+using focus::test::book;
 using focus::test::stories;
 using focus::test::tok512;
 
@@ -281,4 +282,19 @@ TEST(BadInputs, TextEmpty) {
 TEST(BadInputs, MissingModelFile) {
   const std::string p = dir() + "/no-such-model.gguf";
   expect_clean_error("info " + p, p, "no such file");
+}
+
+TEST(BadInputs, RetrofitInitFolderMissingOrMalformed) {
+  FOCUS_NEED_FILE(stories());
+  FOCUS_NEED_FILE(book("pg-345-dracula.txt"));
+  const std::string args = "retrofit --model " + stories() + " --tokenizer " + tok512() + " --train " +
+                           book("pg-345-dracula.txt") + " --valid " + book("pg-1342-pride-and-prejudice.txt") +
+                           " --ctx 64 --steps 1 --out " + dir() + "/init_out --init ";
+  const std::string none = dir() + "/no-such-routers";
+  expect_clean_error(args + none, none, "not a router folder");
+  const std::string d = dir() + "/bad_routers";
+  fs::create_directories(d);
+  write("bad_routers/focus.json", "{\"format\": \"focus-router\", \"window\": ");
+  write("bad_routers/router.safetensors", "");
+  expect_clean_error(args + d, d + "/focus.json", "invalid JSON");
 }

@@ -287,6 +287,7 @@ TEST(BadInputs, MissingModelFile) {
 TEST(BadInputs, RetrofitInitFolderMissingOrMalformed) {
   FOCUS_NEED_FILE(stories());
   FOCUS_NEED_FILE(book("pg-345-dracula.txt"));
+  FOCUS_NEED_FILE(book("pg-1342-pride-and-prejudice.txt"));
   const std::string args = "retrofit --model " + stories() + " --tokenizer " + tok512() + " --train " +
                            book("pg-345-dracula.txt") + " --valid " + book("pg-1342-pride-and-prejudice.txt") +
                            " --ctx 64 --steps 1 --out " + dir() + "/init_out --init ";

@@ -1,7 +1,5 @@
 #include "focus/sparse_attention.h"
 
-#include <sys/mman.h>
-
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
@@ -45,40 +43,9 @@ bool visible(const FocusAttnShape& s, const Routing& r, int64_t i, int64_t j) {
   return j <= i && (i - j < s.window || j < s.sinks || share_group(r, i, j));
 }
 
-// Uninitialised 64-byte aligned floats (every user writes before reading). Buffers of 2 MiB and
-// more are 2 MiB aligned and ask for transparent huge pages: fewer page faults and TLB misses.
-// The kernels keep their key tiles and partial states in buffers of the calling thread that only
-// grow (thread_local, handed to the parallel team by reference), so that calls after the first
-// (every layer of a forward pass) fault in no new pages.
-class FloatBuffer {
- public:
-  void resize(size_t n) {
-    if (n <= n_) return;
-    const size_t huge = size_t{2} << 20, bytes = n * sizeof(float);
-    const size_t align = bytes >= huge ? huge : 64;
-    float* p = static_cast<float*>(std::aligned_alloc(align, (bytes + align - 1) / align * align));
-    if (!p) throw std::bad_alloc();
-#ifdef MADV_HUGEPAGE
-    if (align == huge) madvise(p, (bytes + align - 1) / align * align, MADV_HUGEPAGE);
-#endif
-    p_.reset(p);
-    n_ = n;
-  }
-  float* data() { return p_.get(); }
-  const float* data() const { return p_.get(); }
-  size_t bytes() const { return n_ * sizeof(float); }
-  void release() {
-    p_.reset();
-    n_ = 0;
-  }
-
- private:
-  struct Free {
-    void operator()(float* p) const { std::free(p); }
-  };
-  std::unique_ptr<float, Free> p_;
-  size_t n_ = 0;
-};
+// The kernels keep their key tiles and partial states in FloatBuffers of the calling thread
+// (thread_local, handed to the parallel team by reference), so that calls after the first (every
+// layer of a forward pass) fault in no new pages.
 
 // Prefetches one head's row (hd floats), one touch per 64-byte line; rows of one head are strided
 // and often scattered.

@@ -1,8 +1,6 @@
 #include "kernels/cpu/attention.h"
 
 #include <omp.h>
-#include <sys/mman.h>
-
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
@@ -60,35 +58,6 @@ void pack_values(const float* v, int64_t stride, int cols, int64_t hd, int64_t h
     std::fill(dst + d, dst + hdp, 0.f);
   }
 }
-
-// Uninitialised 64-byte aligned floats that only grow; 2 MiB aligned, with transparent huge
-// pages asked for, from 2 MiB on.
-class Buffer {
- public:
-  Buffer() = default;
-  Buffer(const Buffer&) = delete;
-  Buffer& operator=(const Buffer&) = delete;
-  ~Buffer() { std::free(p_); }
-  float* get(size_t n) {
-    if (n > n_) {
-      const size_t huge = size_t{2} << 20, bytes = n * sizeof(float);
-      const size_t align = bytes >= huge ? huge : 64, size = (bytes + align - 1) / align * align;
-      float* p = static_cast<float*>(std::aligned_alloc(align, size));
-      if (!p) throw std::bad_alloc();
-#ifdef MADV_HUGEPAGE
-      if (align == huge) madvise(p, size, MADV_HUGEPAGE);
-#endif
-      std::free(p_);
-      p_ = p;
-      n_ = n;
-    }
-    return p_;
-  }
-
- private:
-  float* p_ = nullptr;
-  size_t n_ = 0;
-};
 
 // ---------------------------------------------------------------------------------------------
 // Visible columns [lo[r], hi[r]) of one key tile for the rows of a query tile. Dense attention
@@ -222,9 +191,11 @@ void attention_packed(const float* q, const float* k, const float* v, float* o, 
   const int64_t n_qt = (s.n_q + kBq - 1) / kBq, tile_floats = hdp * kBk;
   const int64_t head_floats = 2 * n_tiles * tile_floats;  // keys, then values
   const int64_t chunk = std::clamp<int64_t>(kPackBudget / head_floats, 1, s.kv_heads);
-  static thread_local Buffer kept;
-  Buffer once;
-  float* packed = (chunk * head_floats <= kPackBudget ? kept : once).get(chunk * head_floats);
+  static thread_local FloatBuffer kept;
+  FloatBuffer once;
+  FloatBuffer& buf = chunk * head_floats <= kPackBudget ? kept : once;
+  buf.resize(chunk * head_floats);
+  float* packed = buf.data();
 #pragma omp parallel
   {
     QueryTile t(hdp);

@@ -164,6 +164,13 @@ TEST(FocusModel, RouterFilesRoundTrip) {
   EXPECT_EQ(g.settings.window, 16);
   EXPECT_EQ(g.settings.topk, 2);
   EXPECT_EQ(g.settings.mode, FocusMode::Hard);
+  const FocusSettings s = load_focus_settings(dir, m->cfg);  // the settings alone agree
+  EXPECT_EQ(s.window, 16);
+  EXPECT_EQ(s.topk, 2);
+  EXPECT_EQ(s.mode, FocusMode::Hard);
+  EXPECT_EQ(s.groups, f.settings.groups);
+  EXPECT_EQ(s.dg, f.settings.dg);
+  EXPECT_EQ(s.tau, f.settings.tau);
   ASSERT_EQ(g.routers.size(), f.routers.size());
   for (size_t r = 0; r < f.routers.size(); ++r) EXPECT_EQ(g.routers[r].params, f.routers[r].params);
   const auto ids = some_ids(120, m->cfg.vocab, 5);

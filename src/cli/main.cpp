@@ -324,7 +324,7 @@ int cmd_retrofit(const std::string& model, const std::string& tokenizer, Retrofi
   lo.tokenizer = tokenizer;
   auto m = load_model(model, lo);
   if (!o.init.empty()) {
-    const FocusSettings s = load_focus(o.init, m->cfg).settings;
+    const FocusSettings s = load_focus_settings(o.init, m->cfg);
     if (!given.groups) o.focus.groups = s.groups;
     if (!given.dg) o.focus.dg = s.dg;
     if (!given.tau) o.focus.tau = s.tau;

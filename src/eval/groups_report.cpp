@@ -93,7 +93,7 @@ GroupsReport groups_report(const Model& m, const FocusRouters& f, const std::vec
 
 namespace {
 std::string piece_of(const Model& m, int32_t id) {
-  if (!m.tok) return "#" + std::to_string(id);
+  if (!m.tok) return std::string(1, '#').append(std::to_string(id));
   // As inside a text (a previous token that is not BOS), so leading spaces show.
   std::string s = m.tok->piece(id, std::numeric_limits<int32_t>::max());
   std::string out;
@@ -126,7 +126,10 @@ std::string groups_report_text(const Model& m, const GroupsReport& r) {
       std::snprintf(buf, sizeof(buf), "  g%-3zu %8lld  ", g, (long long)gr.size);
       s += buf;
       for (size_t i = 0; i < gr.top.size(); ++i) {
-        s += (i ? " " : "") + std::string("'") + piece_of(m, gr.top[i].first) + "'";
+        if (i) s += ' ';
+        s += '\'';
+        s += piece_of(m, gr.top[i].first);
+        s += '\'';
         std::snprintf(buf, sizeof(buf), "x%lld", (long long)gr.top[i].second);
         s += buf;
       }

@@ -106,9 +106,16 @@ void save_focus(const FocusRouters& f, const std::string& dir, const ModelConfig
   io::write_file_atomic((fs::path(dir) / "focus.json").string(), j.dump(2) + "\n");
 }
 
-FocusRouters load_focus(const std::string& dir, const ModelConfig& c) {
+namespace {
+
+// The parsed and checked focus.json of a router folder.
+struct FocusConfigFile {
+  FocusSettings settings;
+  nlohmann::json json;
+};
+
+FocusConfigFile read_focus_config(const std::string& dir, const ModelConfig& c) {
   const std::string jp = (fs::path(dir) / "focus.json").string();
-  const std::string sp = (fs::path(dir) / "router.safetensors").string();
   FOCUS_CHECK(fs::is_directory(dir), dir, ": not a router folder (expected focus.json and router.safetensors)");
   nlohmann::json j;
   try {
@@ -135,6 +142,21 @@ FocusRouters load_focus(const std::string& dir, const ModelConfig& c) {
     fail(jp, ": missing or malformed field: ", e.what());
   }
   check_settings(s, c, jp);
+  return {s, std::move(j)};
+}
+
+}  // namespace
+
+FocusSettings load_focus_settings(const std::string& dir, const ModelConfig& c) {
+  return read_focus_config(dir, c).settings;
+}
+
+FocusRouters load_focus(const std::string& dir, const ModelConfig& c) {
+  const FocusConfigFile cf = read_focus_config(dir, c);
+  const FocusSettings& s = cf.settings;
+  const nlohmann::json& j = cf.json;
+  const std::string jp = (fs::path(dir) / "focus.json").string();
+  const std::string sp = (fs::path(dir) / "router.safetensors").string();
   io::SafetensorsFile st(sp);
   FocusRouters f;
   f.settings = s;

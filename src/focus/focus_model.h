@@ -43,6 +43,8 @@ FocusRouters focus_init(const ModelConfig& c, const FocusSettings& s, uint64_t s
 void save_focus(const FocusRouters& f, const std::string& dir, const ModelConfig& c, const std::string& model_path);
 // Loads and checks against the model (dimensions, layer count); errors name the file.
 FocusRouters load_focus(const std::string& dir, const ModelConfig& c);
+// Only the settings of DIR/focus.json, checked the same way (no tensors read).
+FocusSettings load_focus_settings(const std::string& dir, const ModelConfig& c);
 
 // Per-run statistics of the hard pattern (filled by the forward pass when asked).
 struct FocusStats {

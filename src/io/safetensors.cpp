@@ -60,7 +60,10 @@ uint16_t read_le16(const uint8_t* p) { return static_cast<uint16_t>(p[0] | (p[1]
 
 std::string shape_str(const std::vector<int64_t>& shape) {
   std::string s = "[";
-  for (size_t i = 0; i < shape.size(); ++i) s += (i ? "," : "") + std::to_string(shape[i]);
+  for (size_t i = 0; i < shape.size(); ++i) {
+    if (i) s += ',';
+    s += std::to_string(shape[i]);
+  }
   return s + "]";
 }
 

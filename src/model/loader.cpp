@@ -237,7 +237,7 @@ std::unique_ptr<Model> load_llama2c(const std::string& path, const LoadOptions& 
     std::string tp = opt.tokenizer;
     if (tp.empty()) {
       const fs::path dir = fs::path(path).parent_path();
-      for (const std::string cand : {"tok" + std::to_string(c.vocab) + ".bin", std::string("tokenizer.bin")})
+      for (const std::string& cand : {"tok" + std::to_string(c.vocab) + ".bin", std::string("tokenizer.bin")})
         if (fs::exists(dir / cand)) {
           tp = (dir / cand).string();
           break;

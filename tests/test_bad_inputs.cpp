@@ -298,4 +298,13 @@ TEST(BadInputs, RetrofitInitFolderMissingOrMalformed) {
   write("bad_routers/focus.json", "{\"format\": \"focus-router\", \"window\": ");
   write("bad_routers/router.safetensors", "");
   expect_clean_error(args + d, d + "/focus.json", "invalid JSON");
+  // A sound focus.json (stories260K: dim 64, 5 layers) beside a truncated tensor file: the
+  // settings are read first, the tensors when the routers are loaded, and both name their file.
+  const std::string t = dir() + "/truncated_routers";
+  fs::create_directories(t);
+  write("truncated_routers/focus.json",
+        "{\"format\": \"focus-router\", \"window\": 32, \"sinks\": 1, \"groups\": 8, \"dg\": 16, "
+        "\"model_dim\": 64, \"model_layers\": 5, \"layers\": [0, 1, 2, 3, 4]}");
+  write("truncated_routers/router.safetensors", "abc");
+  expect_clean_error(args + t, t + "/router.safetensors", "truncated safetensors file");
 }

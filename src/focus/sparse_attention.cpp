@@ -43,10 +43,6 @@ bool visible(const FocusAttnShape& s, const Routing& r, int64_t i, int64_t j) {
   return j <= i && (i - j < s.window || j < s.sinks || share_group(r, i, j));
 }
 
-// The kernels keep their key tiles and partial states in FloatBuffers of the calling thread
-// (thread_local, handed to the parallel team by reference), so that calls after the first (every
-// layer of a forward pass) fault in no new pages.
-
 // Prefetches one head's row (hd floats), one touch per 64-byte line; rows of one head are strided
 // and often scattered.
 template <int Write>
@@ -453,7 +449,9 @@ void merge_slots(SlotBuffers& B, const FocusAttnShape& s, int64_t kvh, float* o,
   merge_states(n, hpk, hd, a, b, d);
 }
 
-// The calling thread's buffers of the kernels below (see FloatBuffer).
+// The calling thread's buffers of the kernels below. They only grow (thread_local, handed to the
+// parallel team by reference), so that calls after the first (every layer of a forward pass)
+// fault in no new pages; forward() trims them after each pass (focus_attention_trim_scratch).
 struct Scratch {
   KeyTiles okeys, gkeys;  // tiles in original order (fused, window) and in packed group order
   SlotBuffers slots;      // top-2 partial states

@@ -9,6 +9,7 @@
 #include "core/error.h"
 #include "eval/groups_report.h"
 #include "focus/focus_model.h"
+#include "focus/sparse_attention.h"
 #include "model/model.h"
 #include "test_util.h"
 
@@ -152,6 +153,41 @@ TEST(FocusModel, DecodingFromTheCacheEqualsOneCall) {
   std::vector<float> h(n * D);
   forward(*m, ids.data(), 40, c, h.data());
   EXPECT_THROW(forward(*m, ids.data() + 40, 1, c, h.data(), &f), Error);
+}
+
+TEST(FocusModel, ForwardFreesLargeAttentionScratchAndKeepsSmall) {
+  FOCUS_NEED_FILE(stories());
+  auto m = load_model(stories(), LoadOptions{"", false});
+  // Grow this thread's kernel scratch past forward's 64 MiB limit, as a long prefill does: the
+  // two-call path's second output alone is n * heads * head_dim floats (64 MiB here).
+  const int64_t n = 16384, heads = 8, hd = 128, row = heads * hd, groups = 256;
+  std::vector<float> q(n * row), k(n * row), v(n * row), o(n * row);
+  for (int64_t i = 0; i < n * row; ++i) {
+    q[i] = 0.01f * (float)((i * 7) % 13);
+    k[i] = 0.01f * (float)((i * 5) % 11);
+    v[i] = 0.01f * (float)((i * 3) % 17);
+  }
+  std::vector<int32_t> gid(n);
+  for (int64_t i = 0; i < n; ++i) gid[i] = (int32_t)(i % groups);
+  FocusAttnShape s;
+  s.n = n;
+  s.heads = s.kv_heads = heads;
+  s.head_dim = hd;
+  s.q_stride = s.kv_stride = s.o_stride = row;
+  s.window = 16;
+  s.sinks = 1;
+  focus_attention_two_call(q.data(), k.data(), v.data(), o.data(), nullptr, s, Routing{gid.data(), groups, 1});
+  ASSERT_GT(focus_attention_scratch_bytes(), size_t{64} << 20);
+
+  FocusRouters f = random_routers(*m, FocusMode::Hard, 16, 1);
+  const auto ids = some_ids(200, m->cfg.vocab, 9);
+  const auto a = run(*m, ids, &f);
+  EXPECT_EQ(focus_attention_scratch_bytes(), 0u) << "a pass ending above the limit frees the scratch";
+  const auto b = run(*m, ids, &f);
+  const size_t kept = focus_attention_scratch_bytes();
+  EXPECT_GT(kept, 0u) << "a short pass keeps its own scratch for the next call";
+  EXPECT_LE(kept, size_t{64} << 20);
+  EXPECT_EQ(a, b);
 }
 
 TEST(FocusModel, RouterFilesRoundTrip) {

@@ -112,6 +112,7 @@ namespace {
 struct FocusConfigFile {
   FocusSettings settings;
   nlohmann::json json;
+  std::string path;  // the focus.json it came from, for error messages
 };
 
 FocusConfigFile read_focus_config(const std::string& dir, const ModelConfig& c) {
@@ -142,7 +143,7 @@ FocusConfigFile read_focus_config(const std::string& dir, const ModelConfig& c) 
     fail(jp, ": missing or malformed field: ", e.what());
   }
   check_settings(s, c, jp);
-  return {s, std::move(j)};
+  return {s, std::move(j), jp};
 }
 
 }  // namespace
@@ -155,7 +156,7 @@ FocusRouters load_focus(const std::string& dir, const ModelConfig& c) {
   const FocusConfigFile cf = read_focus_config(dir, c);
   const FocusSettings& s = cf.settings;
   const nlohmann::json& j = cf.json;
-  const std::string jp = (fs::path(dir) / "focus.json").string();
+  const std::string& jp = cf.path;
   const std::string sp = (fs::path(dir) / "router.safetensors").string();
   io::SafetensorsFile st(sp);
   FocusRouters f;

@@ -158,12 +158,12 @@ TEST(FocusModel, DecodingFromTheCacheEqualsOneCall) {
 TEST(FocusModel, ForwardFreesLargeAttentionScratchAndKeepsSmall) {
   FOCUS_NEED_FILE(stories());
   auto m = load_model(stories(), LoadOptions{"", false});
-  // Grow this thread's kernel scratch past forward's 64 MiB limit, as a long prefill does: the
-  // two-call path's second output alone is n * heads * head_dim floats (64 MiB here).
+  // Grow this thread's kernel scratch past forward's limit, as a long prefill does: the two-call
+  // path's second output alone is n * heads * head_dim floats (64 MiB here).
   const int64_t n = 16384, heads = 8, hd = 128, row = heads * hd, groups = 256;
-  std::vector<float> q(n * row), k(n * row), v(n * row), o(n * row);
-  for (int64_t i = 0; i < n * row; ++i) {
-    q[i] = 0.01f * (float)((i * 7) % 13);
+  std::vector<float> q(n * row), k(n * hd), v(n * hd), o(n * row);  // one kv head
+  for (int64_t i = 0; i < n * row; ++i) q[i] = 0.01f * (float)((i * 7) % 13);
+  for (int64_t i = 0; i < n * hd; ++i) {
     k[i] = 0.01f * (float)((i * 5) % 11);
     v[i] = 0.01f * (float)((i * 3) % 17);
   }
@@ -171,13 +171,15 @@ TEST(FocusModel, ForwardFreesLargeAttentionScratchAndKeepsSmall) {
   for (int64_t i = 0; i < n; ++i) gid[i] = (int32_t)(i % groups);
   FocusAttnShape s;
   s.n = n;
-  s.heads = s.kv_heads = heads;
+  s.heads = heads;
+  s.kv_heads = 1;
   s.head_dim = hd;
-  s.q_stride = s.kv_stride = s.o_stride = row;
+  s.q_stride = s.o_stride = row;
+  s.kv_stride = hd;
   s.window = 16;
   s.sinks = 1;
   focus_attention_two_call(q.data(), k.data(), v.data(), o.data(), nullptr, s, Routing{gid.data(), groups, 1});
-  ASSERT_GT(focus_attention_scratch_bytes(), size_t{64} << 20);
+  ASSERT_GT(focus_attention_scratch_bytes(), kAttentionScratchKept);
 
   FocusRouters f = random_routers(*m, FocusMode::Hard, 16, 1);
   const auto ids = some_ids(200, m->cfg.vocab, 9);
@@ -186,7 +188,7 @@ TEST(FocusModel, ForwardFreesLargeAttentionScratchAndKeepsSmall) {
   const auto b = run(*m, ids, &f);
   const size_t kept = focus_attention_scratch_bytes();
   EXPECT_GT(kept, 0u) << "a short pass keeps its own scratch for the next call";
-  EXPECT_LE(kept, size_t{64} << 20);
+  EXPECT_LE(kept, kAttentionScratchKept);
   EXPECT_EQ(a, b);
 }
 

@@ -129,10 +129,6 @@ void focus_attention_layer(const ModelConfig& c, int64_t layer, const FocusRoute
 
 }  // namespace
 
-// The sparse kernels' scratch kept by the calling thread between forward calls; a long-context
-// prefill's larger buffers are freed when it returns.
-constexpr size_t kAttentionScratchKept = size_t{64} << 20;
-
 void forward(const Model& m, const int32_t* ids, int64_t T, KVCache& cache, float* hidden, const FocusRouters* focus,
              FocusStats* stats) {
   const ModelConfig& c = m.cfg;

@@ -1,5 +1,6 @@
 // A loaded model (config, float32 weights, tokenizer) and its forward pass.
 #pragma once
+#include <cstddef>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -51,8 +52,10 @@ struct KVCache {
 // equal the frozen model's bit for bit. The routing of the new positions goes into the cache, so
 // a later call (decoding, chunked prefill) attends to the cached positions under the same
 // pattern; such a cache must have been filled from position 0 with the same routers and mode.
-// `stats` (optional) accumulates the hard pattern's density. The sparse kernels' scratch that the
-// call grew beyond 64 MiB is freed before it returns.
+// `stats` (optional) accumulates the hard pattern's density. The sparse kernels' scratch of the
+// calling thread is kept for the next call up to kAttentionScratchKept bytes; a long prefill's
+// larger buffers are freed before it returns.
+constexpr size_t kAttentionScratchKept = size_t{64} << 20;
 void forward(const Model& m, const int32_t* ids, int64_t T, KVCache& cache, float* hidden,
              const FocusRouters* focus = nullptr, FocusStats* stats = nullptr);
 

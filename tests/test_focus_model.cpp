@@ -9,7 +9,7 @@
 #include "core/error.h"
 #include "eval/groups_report.h"
 #include "focus/focus_model.h"
-#include "focus/sparse_attention.h"
+#include "kernels/cpu/sparse_attention.h"
 #include "model/model.h"
 #include "test_util.h"
 

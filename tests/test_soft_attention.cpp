@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "core/error.h"
-#include "focus/soft_attention.h"
+#include "kernels/cpu/soft_attention.h"
 #include "kernels/cpu/attention.h"
 
 using focus::SoftAttnShape;

@@ -10,11 +10,12 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
-#include "focus/bench_attention.h"
+#include "eval/bench_attention.h"
 #include "focus/focus_cache.h"
 #include "focus/group_layout.h"
-#include "focus/soft_attention.h"
-#include "focus/sparse_attention.h"
+#include "kernels/cpu/soft_attention.h"
+#include "kernels/cpu/cached_attention.h"
+#include "kernels/cpu/sparse_attention.h"
 #include "kernels/cpu/attention.h"
 
 using focus::FocusAttnShape;

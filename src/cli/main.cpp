@@ -15,7 +15,7 @@
 #include "eval/groups_report.h"
 #include "eval/perplexity.h"
 #include "eval/tasks.h"
-#include "focus/bench_attention.h"
+#include "eval/bench_attention.h"
 #include "focus/focus_model.h"
 #include "io/text.h"
 #include "io/tokenizer.h"

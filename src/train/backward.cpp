@@ -8,7 +8,7 @@
 #include <memory>
 
 #include "core/error.h"
-#include "focus/soft_attention.h"
+#include "kernels/cpu/soft_attention.h"
 #include "kernels/cpu/ops.h"
 #include "kernels/cpu/ops_backward.h"
 

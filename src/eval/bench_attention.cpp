@@ -1,4 +1,4 @@
-#include "focus/bench_attention.h"
+#include "eval/bench_attention.h"
 
 #include <sys/resource.h>
 
@@ -15,7 +15,8 @@
 #include "core/threads.h"
 #include "focus/focus_cache.h"
 #include "focus/group_layout.h"
-#include "focus/sparse_attention.h"
+#include "kernels/cpu/cached_attention.h"
+#include "kernels/cpu/sparse_attention.h"
 #include "kernels/cpu/attention.h"
 
 namespace focus {

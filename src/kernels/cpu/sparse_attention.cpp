@@ -1,4 +1,4 @@
-#include "focus/sparse_attention.h"
+#include "kernels/cpu/sparse_attention.h"
 
 #include <algorithm>
 #include <cmath>

@@ -1,4 +1,4 @@
-#include "focus/soft_attention.h"
+#include "kernels/cpu/soft_attention.h"
 
 #include <omp.h>
 

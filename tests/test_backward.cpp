@@ -11,7 +11,6 @@
 
 #include "eval/perplexity.h"
 #include "kernels/cpu/ops.h"
-#include "kernels/cpu/ops_backward.h"
 #include "train/backward.h"
 #include "test_models.h"
 
@@ -279,7 +278,8 @@ TEST_P(ModelGrad, TrainingLossEqualsEvalLoss) {
   const TrainWindow tw{w.ids.data(), 40, w.targets.data()};
   int64_t n1 = 0, n2 = 0;
   const double train = focus_router_loss(*m, f, tw, &n1);
-  const double eval = window_nll(*m, w.ids, w.targets, &f, nullptr, &n2);
+  const AttentionPlan plan = focus_plan(m->cfg, f);
+  const double eval = window_nll(*m, w.ids, w.targets, &plan, nullptr, &n2);
   EXPECT_EQ(n1, n2);
   EXPECT_NEAR(train, eval, 1e-5 * std::abs(eval));
   // And without routers, the plain model's loss.

@@ -8,6 +8,7 @@
 
 #include "core/error.h"
 #include "eval/groups_report.h"
+#include "focus/focus_attention.h"
 #include "focus/focus_model.h"
 #include "kernels/cpu/sparse_attention.h"
 #include "model/model.h"
@@ -25,7 +26,8 @@ std::vector<float> run(const Model& m, const std::vector<int32_t>& ids, const Fo
   KVCache c;
   c.init(m.cfg, (int64_t)ids.size());
   std::vector<float> h(ids.size() * m.cfg.dim);
-  forward(m, ids.data(), (int64_t)ids.size(), c, h.data(), f);
+  const AttentionPlan plan = f ? focus_plan(m.cfg, *f) : AttentionPlan{};
+  forward(m, ids.data(), (int64_t)ids.size(), c, h.data(), f ? &plan : nullptr);
   return h;
 }
 
@@ -129,9 +131,10 @@ TEST(FocusModel, DecodingFromTheCacheEqualsOneCall) {
     KVCache c;
     c.init(m->cfg, n);
     std::vector<float> h(n * D);
-    forward(*m, ids.data(), 10, c, h.data(), &f);
-    forward(*m, ids.data() + 10, 57, c, h.data() + 10 * D, &f);
-    for (int64_t i = 67; i < n; ++i) forward(*m, ids.data() + i, 1, c, h.data() + i * D, &f);
+    const AttentionPlan plan = focus_plan(m->cfg, f);
+    forward(*m, ids.data(), 10, c, h.data(), &plan);
+    forward(*m, ids.data() + 10, 57, c, h.data() + 10 * D, &plan);
+    for (int64_t i = 67; i < n; ++i) forward(*m, ids.data() + i, 1, c, h.data() + i * D, &plan);
     double err = 0, scale = 0;
     for (int64_t i = 0; i < n * D; ++i) {
       err = std::max(err, (double)std::fabs(h[i] - one[i]));
@@ -152,7 +155,8 @@ TEST(FocusModel, DecodingFromTheCacheEqualsOneCall) {
   c.init(m->cfg, n);
   std::vector<float> h(n * D);
   forward(*m, ids.data(), 40, c, h.data());
-  EXPECT_THROW(forward(*m, ids.data() + 40, 1, c, h.data(), &f), Error);
+  const AttentionPlan plan = focus_plan(m->cfg, f);
+  EXPECT_THROW(forward(*m, ids.data() + 40, 1, c, h.data(), &plan), Error);
 }
 
 TEST(FocusModel, ForwardFreesLargeAttentionScratchAndKeepsSmall) {

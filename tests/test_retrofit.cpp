@@ -84,7 +84,8 @@ TEST(Retrofit, Stories260KEndToEnd) {
       KVCache c;
       c.init(m->cfg, N);
       std::vector<float> h(N * D);
-      forward(*m, x.data(), N, c, h.data(), &f);
+      const AttentionPlan plan = focus_plan(m->cfg, f);
+      forward(*m, x.data(), N, c, h.data(), &plan);
       return h;
     };
     const auto base = run(ids);

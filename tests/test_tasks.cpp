@@ -18,6 +18,7 @@
 #include "core/error.h"
 #include "eval/perplexity.h"
 #include "eval/tasks.h"
+#include "focus/focus_attention.h"
 #include "focus/focus_model.h"
 #include "kernels/cpu/ops.h"
 #include "model/model.h"
@@ -482,10 +483,12 @@ TEST(TasksScore, FocusRoutersAreUsed) {
   s.tau = 0.5f;
   s.window = 4096;  // longer than the input: the plain kernel runs, bit for bit
   FocusRouters wide = focus_init(m->cfg, s, 42);
-  EXPECT_EQ(score_choice(*m, ctx, cont, &wide).ll, plain.ll);
+  const AttentionPlan wide_plan = focus_plan(m->cfg, wide);
+  EXPECT_EQ(score_choice(*m, ctx, cont, &wide_plan).ll, plain.ll);
   s.window = 8;
   FocusRouters narrow = focus_init(m->cfg, s, 42);
-  const ChoiceScore sparse = score_choice(*m, ctx, cont, &narrow);
+  const AttentionPlan narrow_plan = focus_plan(m->cfg, narrow);
+  const ChoiceScore sparse = score_choice(*m, ctx, cont, &narrow_plan);
   EXPECT_TRUE(std::isfinite(sparse.ll));
   EXPECT_NE(sparse.ll, plain.ll);
   EXPECT_EQ(sparse.tokens, plain.tokens);
@@ -521,10 +524,11 @@ TEST(TasksScore, PrefixReuseEqualsFreshForwards) {
     fs.window = 4;
     fs.mode = mode;
     const FocusRouters f = focus_init(m->cfg, fs, 3);
-    PrefixScorer fscorer(*m, &f);
+    const AttentionPlan plan = focus_plan(m->cfg, f);
+    PrefixScorer fscorer(*m, &plan);
     for (const auto& r : reqs) {
       int64_t s = 0;
-      const double b = window_nll(*m, r.ids, r.targets, &f, nullptr, nullptr);
+      const double b = window_nll(*m, r.ids, r.targets, &plan, nullptr, nullptr);
       EXPECT_NEAR(fscorer.nll(r.ids, r.targets, &s), b, 1e-5 * std::max(1.0, std::fabs(b))) << to_string(mode);
     }
     EXPECT_EQ(fscorer.reused_tokens(), scorer.reused_tokens()) << to_string(mode);

@@ -16,6 +16,7 @@
 #include "eval/perplexity.h"
 #include "eval/tasks.h"
 #include "eval/bench_attention.h"
+#include "focus/focus_attention.h"
 #include "focus/focus_model.h"
 #include "io/text.h"
 #include "io/tokenizer.h"
@@ -173,13 +174,15 @@ int cmd_eval(const std::string& model, const std::string& tokenizer, const std::
     std::printf("lora %s merged\n", lora_dir.c_str());
   }
   auto focus = ff.make(*m);
+  const AttentionPlan plan = focus ? focus_plan(m->cfg, *focus) : AttentionPlan{};
+  const AttentionPlan* attention = focus ? &plan : nullptr;
   const std::vector<int32_t> ids = text_tokens(*m, texts, max_tokens);
   PplOptions o;
   o.ctx = ctx;
   o.stride = stride;
   o.bos = !no_bos;
   o.progress = true;
-  o.focus = focus.get();
+  o.attention = attention;
   install_interrupt_handler();
   PplResult r = perplexity(*m, ids, o);
   std::string focus_desc = "off";
@@ -190,9 +193,9 @@ int cmd_eval(const std::string& model, const std::string& tokenizer, const std::
                  (s.mode == FocusMode::Hard ? ", top-" + std::to_string(s.topk) : "") + ", " +
                  std::to_string(focus->routers.size()) + " routers)";
     std::printf("focus %s\n", focus_desc.c_str());
-    if ((s.mode == FocusMode::Hard || s.mode == FocusMode::Window) && r.focus.layers > 0)
+    if ((s.mode == FocusMode::Hard || s.mode == FocusMode::Window) && r.attention.layers > 0)
       std::printf("%s pattern: density %.4f of causal pairs, group load max/mean %.2f (worst layer)\n",
-                  to_string(s.mode).c_str(), r.focus.density(), r.focus.load_max_over_mean);
+                  to_string(s.mode).c_str(), r.attention.density(), r.attention.load_max_over_mean);
   }
   const double tps = r.processed / std::max(r.seconds, 1e-9);
   std::printf("model %s | ctx %lld | tokens scored %lld in %lld windows | nll %.5f | ppl %.4f | %.1f tok/s%s\n",
@@ -205,9 +208,9 @@ int cmd_eval(const std::string& model, const std::string& tokenizer, const std::
            {"interrupted", r.interrupted}, {"focus", focus_desc}};
     if (!lora_dir.empty()) j["lora"] = lora_dir;
     if (focus && (focus->settings.mode == FocusMode::Hard || focus->settings.mode == FocusMode::Window) &&
-        r.focus.layers > 0) {
-      j["density"] = r.focus.density();
-      j["load_max_over_mean"] = r.focus.load_max_over_mean;
+        r.attention.layers > 0) {
+      j["density"] = r.attention.density();
+      j["load_max_over_mean"] = r.attention.load_max_over_mean;
     }
     std::cout << j.dump() << "\n";
   }
@@ -221,6 +224,8 @@ int cmd_generate(const std::string& model, const std::string& tokenizer, std::st
   lo.tokenizer = tokenizer;
   auto m = load_model(model, lo);
   auto focus = ff.make(*m);
+  const AttentionPlan plan = focus ? focus_plan(m->cfg, *focus) : AttentionPlan{};
+  const AttentionPlan* attention = focus ? &plan : nullptr;
   if (!prompt_file.empty()) {
     FOCUS_CHECK(prompt.empty(), "generate: give --prompt or --prompt-file, not both");
     prompt = io::load_text(prompt_file);
@@ -237,11 +242,11 @@ int cmd_generate(const std::string& model, const std::string& tokenizer, std::st
   install_interrupt_handler();
   if (prompt_file.empty()) std::fputs(prompt.c_str(), stdout);
   const auto tp = std::chrono::steady_clock::now();
-  forward(*m, ids.data(), (int64_t)ids.size(), cache, hidden.data(), focus.get());
+  forward(*m, ids.data(), (int64_t)ids.size(), cache, hidden.data(), attention);
   compute_logits(*m, hidden.data() + (ids.size() - 1) * m->cfg.dim, 1, logits.data());
   std::vector<int32_t> out = ids;
   const auto t0 = std::chrono::steady_clock::now();
-  FocusStats decode_stats;
+  AttentionStats decode_stats;
   int64_t made = 0;
   while (made < n && cache.len < cap && !interrupted()) {
     int32_t next = 0;
@@ -260,7 +265,7 @@ int cmd_generate(const std::string& model, const std::string& tokenizer, std::st
     ++made;
     if (next == m->tok->eos() && m->tok->eos() >= 0) break;
     if (made < n && cache.len < cap) {
-      forward(*m, &next, 1, cache, hidden.data(), focus.get(), &decode_stats);
+      forward(*m, &next, 1, cache, hidden.data(), attention, &decode_stats);
       compute_logits(*m, hidden.data(), 1, logits.data());
     }
   }
@@ -438,12 +443,14 @@ int cmd_bench_tasks(const std::string& model, const std::string& tokenizer, std:
     std::printf("lora %s merged\n", lora_dir.c_str());
   }
   auto focus = ff.make(*m);
+  const AttentionPlan plan = focus ? focus_plan(m->cfg, *focus) : AttentionPlan{};
+  const AttentionPlan* attention = focus ? &plan : nullptr;
   install_interrupt_handler();
   json results = json::array();
   std::printf("%-16s %-6s %8s %8s %8s %7s %9s\n", "task", "metric", "acc", "acc_norm", "mc2", "items", "seconds");
   int rc = 0;
   for (const auto& t : sets) {
-    const TaskResult r = score_task(*m, t, focus.get(), limit, true);
+    const TaskResult r = score_task(*m, t, attention, limit, true);
     std::printf("%-16s %-6s %8.4f %8.4f %8s %7lld %9.1f%s\n", r.name.c_str(), to_string(r.metric).c_str(), r.acc,
                 r.acc_norm, r.metric == TaskMetric::MC2 ? std::to_string(r.mc2).substr(0, 6).c_str() : "-",
                 (long long)r.count, r.seconds, r.interrupted ? "  INTERRUPTED (partial)" : "");

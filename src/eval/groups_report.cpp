@@ -9,6 +9,7 @@
 
 #include "core/error.h"
 #include "core/progress.h"
+#include "focus/focus_attention.h"
 
 namespace focus {
 
@@ -23,6 +24,7 @@ GroupsReport groups_report(const Model& m, const FocusRouters& f, const std::vec
   const int64_t G = f.settings.groups, K = f.settings.topk;
   FocusRouters hard = f;
   hard.settings.mode = FocusMode::Hard;
+  const AttentionPlan plan = focus_plan(m.cfg, hard);
 
   const int64_t L = m.cfg.layers;
   std::vector<std::vector<std::unordered_map<int32_t, int64_t>>> counts(L);
@@ -47,10 +49,10 @@ GroupsReport groups_report(const Model& m, const FocusRouters& f, const std::vec
     KVCache cache;
     cache.init(m.cfg, T);
     std::vector<float> hidden(T * m.cfg.dim);
-    FocusStats st;
+    AttentionStats st;
     st.groups = &groups;
     groups.clear();
-    forward(m, win.data(), T, cache, hidden.data(), &hard, &st);
+    forward(m, win.data(), T, cache, hidden.data(), &plan, &st);
     for (int64_t l = 0; l < L && l < (int64_t)groups.size(); ++l) {
       if (groups[l].empty()) continue;  // short window: the layer ran plain attention
       for (int64_t t = off; t < T; ++t)

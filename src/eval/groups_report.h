@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "focus/focus_model.h"
 #include "model/model.h"
 
 namespace focus {

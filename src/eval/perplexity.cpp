@@ -45,17 +45,17 @@ double score_rows(const Model& m, const float* hidden, int64_t row0, const std::
 }  // namespace
 
 double window_nll(const Model& m, const std::vector<int32_t>& ids, const std::vector<int32_t>& targets,
-                  const FocusRouters* focus, FocusStats* stats, int64_t* scored) {
+                  const AttentionPlan* attention, AttentionStats* stats, int64_t* scored) {
   const int64_t T = (int64_t)ids.size();
   FOCUS_CHECK(targets.size() == ids.size(), "window_nll: ", ids.size(), " ids but ", targets.size(), " targets");
   KVCache cache;
   cache.init(m.cfg, T);
   std::vector<float> hidden(T * m.cfg.dim);
-  forward(m, ids.data(), T, cache, hidden.data(), focus, stats);
+  forward(m, ids.data(), T, cache, hidden.data(), attention, stats);
   return score_rows(m, hidden.data(), 0, targets, scored);
 }
 
-PrefixScorer::PrefixScorer(const Model& m, const FocusRouters* focus) : m_(m), focus_(focus) {}
+PrefixScorer::PrefixScorer(const Model& m, const AttentionPlan* attention) : m_(m), attention_(attention) {}
 
 double PrefixScorer::nll(const std::vector<int32_t>& ids, const std::vector<int32_t>& targets, int64_t* scored) {
   const int64_t T = (int64_t)ids.size();
@@ -74,7 +74,7 @@ double PrefixScorer::nll(const std::vector<int32_t>& ids, const std::vector<int3
   }
   cache_.truncate(start);
   hidden_.resize((T - start) * m_.cfg.dim);
-  forward(m_, ids.data() + start, T - start, cache_, hidden_.data(), focus_, nullptr);
+  forward(m_, ids.data() + start, T - start, cache_, hidden_.data(), attention_, nullptr);
   prev_ = ids;
   reused_ += start;
   computed_ += T - start;
@@ -113,7 +113,7 @@ PplResult perplexity(const Model& m, const std::vector<int32_t>& ids, const PplO
     tgt.assign(win.size(), -1);
     for (int64_t t = first_target; t < b; ++t) tgt[t - a + nb - 1] = ids[t];
     int64_t scored = 0;
-    r.nll_sum += window_nll(m, win, tgt, o.focus, &r.focus, &scored);
+    r.nll_sum += window_nll(m, win, tgt, o.attention, &r.attention, &scored);
     r.tokens += scored;
     scored_to = b;
     r.processed += (int64_t)win.size();

@@ -13,7 +13,7 @@ struct PplOptions {
   int64_t stride = 0;      // 0: ctx (minus the BOS slot) = non-overlapping windows
   bool bos = true;         // put the model's BOS at the start of every window (if it has one)
   bool progress = true;
-  const FocusRouters* focus = nullptr;  // Focus routers (soft or hard), or plain attention
+  const AttentionPlan* attention = nullptr;  // per-layer attention (e.g. focus_plan), or the model's own
 };
 
 struct PplResult {
@@ -23,7 +23,7 @@ struct PplResult {
   double seconds = 0;      // forward time
   int64_t processed = 0;   // tokens run through the model (incl. overlap and BOS)
   bool interrupted = false;
-  FocusStats focus;        // hard mode: pattern density and group balance
+  AttentionStats attention;  // sparse policies: pattern density and group balance
   double nll() const { return tokens ? nll_sum / tokens : 0; }
   double ppl() const;
 };
@@ -31,17 +31,17 @@ struct PplResult {
 // One window run from position 0: the sum of -log p(targets[t] | ids[0..t]) over the rows with
 // targets[t] >= 0, and their count in *scored. Logits are made in row chunks (no [T, vocab]).
 double window_nll(const Model& m, const std::vector<int32_t>& ids, const std::vector<int32_t>& targets,
-                  const FocusRouters* focus, FocusStats* stats, int64_t* scored);
+                  const AttentionPlan* attention, AttentionStats* stats, int64_t* scored);
 
 // Scores requests one after another (multiple-choice tasks), reusing the keys and values of the
 // longest prefix a request shares with the previous one: the choices of an item share their
 // context, and the items of a few-shot task share the prompt. The plain forward pass gives the
-// same numbers from a filled cache as from position 0; with Focus routers the cache keeps the
+// same numbers from a filled cache as from position 0; with a Focus plan the cache keeps the
 // routing of the shared prefix too, so the pattern (and the numbers, up to summation order) are
 // those of a run from position 0.
 class PrefixScorer {
  public:
-  PrefixScorer(const Model& m, const FocusRouters* focus);
+  PrefixScorer(const Model& m, const AttentionPlan* attention);
   // As window_nll for ids[0..T) (run from position 0), given the previous requests.
   double nll(const std::vector<int32_t>& ids, const std::vector<int32_t>& targets, int64_t* scored);
   int64_t reused_tokens() const { return reused_; }      // rows taken from the cache
@@ -49,7 +49,7 @@ class PrefixScorer {
 
  private:
   const Model& m_;
-  const FocusRouters* focus_;
+  const AttentionPlan* attention_;
   KVCache cache_;
   std::vector<int32_t> prev_;
   std::vector<float> hidden_;

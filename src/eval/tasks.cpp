@@ -344,11 +344,11 @@ ChoiceTokens tokenize_choice(const Model& m, const std::string& context, const s
 }
 
 ChoiceScore score_choice(const Model& m, const std::string& context, const std::string& continuation,
-                         const FocusRouters* focus) {
+                         const AttentionPlan* attention) {
   const ChoiceTokens ct = tokenize_choice(m, context, continuation);
   int64_t scored = 0;
   ChoiceScore s;
-  s.ll = -window_nll(m, ct.ids, ct.targets, focus, nullptr, &scored);
+  s.ll = -window_nll(m, ct.ids, ct.targets, attention, nullptr, &scored);
   s.tokens = scored;
   s.truncated = ct.truncated;
   return s;
@@ -366,7 +366,8 @@ int argmax_scaled(const std::vector<double>& v, const std::vector<double>& w) {
 
 }  // namespace
 
-TaskResult score_task(const Model& m, const TaskSet& t, const FocusRouters* focus, int64_t limit, bool progress) {
+TaskResult score_task(const Model& m, const TaskSet& t, const AttentionPlan* attention, int64_t limit,
+                      bool progress) {
   TaskResult r;
   r.name = t.name;
   r.metric = t.metric;
@@ -374,7 +375,7 @@ TaskResult score_task(const Model& m, const TaskSet& t, const FocusRouters* focu
   Progress bar(t.name, n, "items");
   const auto t0 = std::chrono::steady_clock::now();
   double hits = 0, hits_norm = 0, mass = 0;
-  PrefixScorer scorer(m, focus);
+  PrefixScorer scorer(m, attention);
   for (int64_t i = 0; i < n && !r.interrupted; ++i) {
     const TaskItem& it = t.items[i];
     FOCUS_CHECK(!it.choices.empty() && it.labels.size() == it.choices.size() &&

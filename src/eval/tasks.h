@@ -89,9 +89,9 @@ struct ChoiceScore {
   int64_t tokens = 0;            // continuation tokens
   bool truncated = false;
 };
-// One forward over the request (window_nll); focus may be null (plain attention).
+// One forward over the request (window_nll); attention may be null (the model's own).
 ChoiceScore score_choice(const Model& m, const std::string& context, const std::string& continuation,
-                         const FocusRouters* focus = nullptr);
+                         const AttentionPlan* attention = nullptr);
 
 struct ItemScore {
   std::vector<double> ll;        // per choice
@@ -118,7 +118,8 @@ struct TaskResult {
 // Scores the first `limit` items (limit <= 0: all), one forward per (item, choice). Stops
 // cleanly when interrupted() becomes true (the partial item is dropped). Truncations are noted
 // on stderr. With progress, a bar with the running accuracy is drawn on stderr.
-TaskResult score_task(const Model& m, const TaskSet& t, const FocusRouters* focus, int64_t limit, bool progress);
+TaskResult score_task(const Model& m, const TaskSet& t, const AttentionPlan* attention, int64_t limit,
+                      bool progress);
 
 // {"task", "metric", "acc", "acc_norm", "mc2" (MC2 only), "count", "requests", "tokens",
 //  "truncated", "seconds", "interrupted"}.

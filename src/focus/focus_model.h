@@ -46,16 +46,4 @@ FocusRouters load_focus(const std::string& dir, const ModelConfig& c);
 // Only the settings of DIR/focus.json, checked the same way (no tensors read).
 FocusSettings load_focus_settings(const std::string& dir, const ModelConfig& c);
 
-// Per-run statistics of the hard pattern (filled by the forward pass when asked).
-struct FocusStats {
-  double computed_pairs = 0;  // visible (query, key) pairs summed over Focus layers
-  double causal_pairs = 0;    // causal pairs over the same layers
-  double load_max_over_mean = 0;  // worst layer's largest group / mean group size
-  int64_t layers = 0;
-  // When not null, hard mode stores each routed layer's memberships here: (*groups)[layer] =
-  // [T, topk] group ids of the last forward call (layers without Focus stay empty).
-  std::vector<std::vector<int32_t>>* groups = nullptr;
-  double density() const { return causal_pairs > 0 ? computed_pairs / causal_pairs : 1.0; }
-};
-
 }  // namespace focus

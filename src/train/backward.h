@@ -4,9 +4,9 @@
 // Every architecture of forward() is covered (Llama family with GQA, Gemma 3 with its
 // sliding-window layers, QK norms and extra norms, GPT-2).
 //
-// Router layers run Focus soft attention (the additive log-bias of spec section 2); other layers
-// run plain causal (or sliding-window) attention through the same soft kernel without a bias.
-// Adapted projections run unmerged: y = x W^T + b + (alpha / r) (x A^T) B^T.
+// The blocks are model/block.h's, with the attention plan of focus_train_plan: router layers run
+// Focus soft attention (the additive log-bias of spec section 2), other layers plain causal (or
+// sliding-window) attention. Adapted projections run unmerged: y = x W^T + b + (alpha / r) (x A^T) B^T.
 // Layer activations are either kept from the forward pass or recomputed layer by layer from the
 // stored residual inputs, whichever the memory budget allows; both give the same numbers.
 #pragma once
@@ -14,6 +14,7 @@
 #include <functional>
 #include <vector>
 
+#include "focus/focus_attention.h"
 #include "focus/focus_model.h"
 #include "focus/router.h"
 #include "model/model.h"
@@ -33,11 +34,6 @@ struct LossGrad {
   double loss_sum = 0;  // sum of -log p(target) over scored rows (unscaled)
   int64_t scored = 0;
 };
-
-// Called once per router layer during the backward pass with the router's forward cache; it
-// may add an auxiliary gradient dL/ds [T, G] into ds_extra (zeroed before the call), e.g. a
-// balancing loss, or just observe the assignment.
-using RouterAuxHook = std::function<void(int64_t router, const RouterCache& cache, float* ds_extra)>;
 
 struct BackwardOptions {
   // Keep every layer's activations when they fit in this many bytes; otherwise keep only each

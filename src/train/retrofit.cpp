@@ -86,16 +86,18 @@ ValidResult validate(const Model& m, const FocusRouters& f, const std::vector<st
   win.settings.mode = FocusMode::Window;
   hard2.settings.topk = 2;
   double nll_win = 0, nll_pre = 0, nll_soft = 0, nll_hard = 0, nll_hard2 = 0;
-  FocusStats st;
+  const AttentionPlan p_soft = focus_plan(m.cfg, soft), p_hard = focus_plan(m.cfg, hard),
+                      p_hard2 = focus_plan(m.cfg, hard2), p_win = focus_plan(m.cfg, win);
+  AttentionStats st;
   for (size_t w = 0; w < ids.size(); ++w) {
     int64_t n = 0;
     if (with_pretrained) {
       nll_pre += window_nll(m, ids[w], targets[w], nullptr, nullptr, &n);
-      nll_win += window_nll(m, ids[w], targets[w], &win, nullptr, &n);
+      nll_win += window_nll(m, ids[w], targets[w], &p_win, nullptr, &n);
     }
-    nll_soft += window_nll(m, ids[w], targets[w], &soft, nullptr, &n);
-    nll_hard += window_nll(m, ids[w], targets[w], &hard, &st, &n);
-    if (f.settings.groups >= 2) nll_hard2 += window_nll(m, ids[w], targets[w], &hard2, nullptr, &n);
+    nll_soft += window_nll(m, ids[w], targets[w], &p_soft, nullptr, &n);
+    nll_hard += window_nll(m, ids[w], targets[w], &p_hard, &st, &n);
+    if (f.settings.groups >= 2) nll_hard2 += window_nll(m, ids[w], targets[w], &p_hard2, nullptr, &n);
     v.tokens += n;
   }
   v.ppl_pretrained = with_pretrained ? ppl_of(nll_pre, v.tokens) : 0;

@@ -1,5 +1,4 @@
 #include "kernels/cpu/ops.h"
-#include "kernels/cpu/ops_backward.h"
 
 #include <cblas.h>
 
@@ -62,6 +61,29 @@ void rmsnorm(const float* x, const float* w, float* out, int64_t rows, int64_t d
   }
 }
 
+// y_i = x_i r w_i with r = (mean(x^2) + eps)^-1/2. With g_i = w_i dy_i:
+//   dx_i = r g_i - x_i r^3 (sum_j g_j x_j) / D
+void rmsnorm_backward(const float* x, const float* w, const float* dy, float* dx, int64_t rows, int64_t dim,
+                      float eps, bool accumulate) {
+#pragma omp parallel for schedule(static) if (rows > 16)
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* xr = x + r * dim;
+    const float* g = dy + r * dim;
+    float* o = dx + r * dim;
+    double ss = 0, gx = 0;
+    for (int64_t i = 0; i < dim; ++i) {
+      ss += (double)xr[i] * xr[i];
+      gx += (double)g[i] * (w ? w[i] : 1.0f) * xr[i];
+    }
+    const double inv = 1.0 / std::sqrt(ss / dim + eps);
+    const float a = (float)inv, b = (float)(inv * inv * inv * gx / dim);
+    for (int64_t i = 0; i < dim; ++i) {
+      const float v = a * g[i] * (w ? w[i] : 1.0f) - b * xr[i];
+      o[i] = accumulate ? o[i] + v : v;
+    }
+  }
+}
+
 void layernorm(const float* x, const float* w, const float* b, float* out, int64_t rows, int64_t dim, float eps) {
 #pragma omp parallel for schedule(static) if (rows > 16)
   for (int64_t r = 0; r < rows; ++r) {
@@ -75,6 +97,36 @@ void layernorm(const float* x, const float* w, const float* b, float* out, int64
     const float inv = (float)(1.0 / std::sqrt(v / dim + eps));
     const float m = (float)mean;
     for (int64_t i = 0; i < dim; ++i) o[i] = (xr[i] - m) * inv * (w ? w[i] : 1.0f) + (b ? b[i] : 0.0f);
+  }
+}
+
+// xhat = (x - mu) r; y = xhat w + b. With g = w dy: dx = r (g - mean(g) - xhat mean(g xhat)).
+void layernorm_backward(const float* x, const float* w, const float* dy, float* dx, int64_t rows, int64_t dim,
+                        float eps, bool accumulate) {
+#pragma omp parallel for schedule(static) if (rows > 16)
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* xr = x + r * dim;
+    const float* d = dy + r * dim;
+    float* o = dx + r * dim;
+    double s = 0;
+    for (int64_t i = 0; i < dim; ++i) s += xr[i];
+    const double mean = s / dim;
+    double v = 0;
+    for (int64_t i = 0; i < dim; ++i) v += (xr[i] - mean) * (xr[i] - mean);
+    const double inv = 1.0 / std::sqrt(v / dim + eps);
+    double gs = 0, gxh = 0;
+    for (int64_t i = 0; i < dim; ++i) {
+      const double g = (double)d[i] * (w ? w[i] : 1.0f);
+      gs += g;
+      gxh += g * (xr[i] - mean) * inv;
+    }
+    const double mg = gs / dim, mgx = gxh / dim;
+    for (int64_t i = 0; i < dim; ++i) {
+      const double g = (double)d[i] * (w ? w[i] : 1.0f);
+      const double xh = (xr[i] - mean) * inv;
+      const float val = (float)(inv * (g - mg - xh * mgx));
+      o[i] = accumulate ? o[i] + val : val;
+    }
   }
 }
 
@@ -100,23 +152,74 @@ void rope(float* x, int64_t T, int64_t H, int64_t hd, int64_t rot_dim, int64_t p
   }
 }
 
-static inline float silu(float v) { return v / (1.0f + std::exp(-v)); }
-static inline float gelu_t(float v) {
-  const float k = 0.7978845608028654f;  // sqrt(2/pi)
-  return 0.5f * v * (1.0f + std::tanh(k * (v + 0.044715f * v * v * v)));
+void rope_backward(float* dx, int64_t T, int64_t H, int64_t hd, int64_t rot_dim, int64_t pos0, float theta,
+                   RopeStyle style) {
+  const int64_t half = rot_dim / 2;
+#pragma omp parallel for schedule(static) if (T > 4)
+  for (int64_t t = 0; t < T; ++t) {
+    const double pos = (double)(pos0 + t);
+    for (int64_t i = 0; i < half; ++i) {
+      const double freq = std::pow((double)theta, -2.0 * (double)i / (double)rot_dim);
+      const double ang = pos * freq;
+      const float c = (float)std::cos(ang), s = (float)std::sin(ang);
+      for (int64_t h = 0; h < H; ++h) {
+        float* v = dx + (t * H + h) * hd;
+        const int64_t a = style == RopeStyle::Interleaved ? 2 * i : i;
+        const int64_t b = style == RopeStyle::Interleaved ? 2 * i + 1 : i + half;
+        const float g0 = v[a], g1 = v[b];
+        // Transpose of [[c, -s], [s, c]].
+        v[a] = g0 * c + g1 * s;
+        v[b] = -g0 * s + g1 * c;
+      }
+    }
+  }
 }
+
+namespace {
+constexpr float kGeluK = 0.7978845608028654f;  // sqrt(2/pi)
+inline float silu(float v) { return v / (1.0f + std::exp(-v)); }
+inline float gelu_t(float v) { return 0.5f * v * (1.0f + std::tanh(kGeluK * (v + 0.044715f * v * v * v))); }
+inline float gelu_t_grad(float v) {
+  const float t = std::tanh(kGeluK * (v + 0.044715f * v * v * v));
+  return 0.5f * (1.0f + t) + 0.5f * v * (1.0f - t * t) * kGeluK * (1.0f + 3.0f * 0.044715f * v * v);
+}
+}  // namespace
 
 void silu_mul(float* gate, const float* up, int64_t n) {
 #pragma omp parallel for schedule(static) if (n > 65536)
   for (int64_t i = 0; i < n; ++i) gate[i] = silu(gate[i]) * up[i];
 }
+void silu_mul_backward(const float* gate, const float* up, const float* dout, float* dgate, float* dup, int64_t n) {
+#pragma omp parallel for schedule(static) if (n > 65536)
+  for (int64_t i = 0; i < n; ++i) {
+    const float g = gate[i], sg = 1.0f / (1.0f + std::exp(-g));
+    dup[i] = dout[i] * g * sg;
+    dgate[i] = dout[i] * up[i] * sg * (1.0f + g * (1.0f - sg));
+  }
+}
+
 void gelu_tanh_mul(float* gate, const float* up, int64_t n) {
 #pragma omp parallel for schedule(static) if (n > 65536)
   for (int64_t i = 0; i < n; ++i) gate[i] = gelu_t(gate[i]) * up[i];
 }
+void gelu_tanh_mul_backward(const float* gate, const float* up, const float* dout, float* dgate, float* dup,
+                            int64_t n) {
+#pragma omp parallel for schedule(static) if (n > 65536)
+  for (int64_t i = 0; i < n; ++i) {
+    dup[i] = dout[i] * gelu_t(gate[i]);
+    dgate[i] = dout[i] * up[i] * gelu_t_grad(gate[i]);
+  }
+}
+
 void gelu_tanh(float* x, int64_t n) {
 #pragma omp parallel for schedule(static) if (n > 65536)
   for (int64_t i = 0; i < n; ++i) x[i] = gelu_t(x[i]);
+}
+
+
+void gelu_tanh_backward(const float* x, const float* dout, float* dx, int64_t n) {
+#pragma omp parallel for schedule(static) if (n > 65536)
+  for (int64_t i = 0; i < n; ++i) dx[i] = dout[i] * gelu_t_grad(x[i]);
 }
 
 void add_inplace(float* x, const float* y, int64_t n) {

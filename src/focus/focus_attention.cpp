@@ -1,0 +1,232 @@
+#include "focus/focus_attention.h"
+
+#include <algorithm>
+
+#include "core/error.h"
+#include "focus/focus_cache.h"
+#include "focus/group_layout.h"
+#include "focus/sinkhorn.h"
+#include "kernels/cpu/attention.h"
+#include "kernels/cpu/cached_attention.h"
+#include "kernels/cpu/soft_attention.h"
+#include "kernels/cpu/sparse_attention.h"
+
+namespace focus {
+namespace {
+
+// The routing of the cached positions of one layer.
+struct RoutingState final : AttentionState {
+  FocusLayerCache fc;
+  void truncate(int64_t n) override {
+    if (fc.len > n) fc.truncate(n);
+  }
+};
+
+// What the soft training forward keeps for the backward pass.
+struct RouterTape final : AttentionState {
+  RouterCache rc;
+  std::vector<float> dp, ds, scratch;
+  void truncate(int64_t) override {}
+};
+
+FocusAttnShape hard_shape(const ModelConfig& c, const FocusSettings& fs, int64_t n) {
+  FocusAttnShape s;
+  s.n = n;
+  s.heads = c.heads;
+  s.kv_heads = c.kv_heads;
+  s.head_dim = c.head_dim;
+  s.q_stride = c.q_dim();
+  s.kv_stride = c.kv_dim();
+  s.o_stride = c.q_dim();
+  s.scale = c.attn_scale;
+  s.window = fs.window;
+  s.sinks = fs.sinks;
+  return s;
+}
+
+SoftAttnShape soft_shape(const ModelConfig& c, const FocusSettings& fs, int64_t layer, int64_t n) {
+  SoftAttnShape s;
+  s.n = n;
+  s.heads = c.heads;
+  s.kv_heads = c.kv_heads;
+  s.head_dim = c.head_dim;
+  s.groups = fs.groups;
+  s.window = fs.window;
+  s.sinks = fs.sinks;
+  s.scale = c.attn_scale;
+  s.eps = fs.eps;
+  s.sliding_window = c.layer_window[layer];
+  return s;
+}
+
+void add_causal(AttentionStats* stats, int64_t pos0, int64_t T, double pairs) {
+  stats->computed_pairs += pairs;
+  stats->causal_pairs += (double)T * (double)pos0 + 0.5 * (double)T * (double)(T + 1);
+  stats->layers++;
+}
+
+// Window + sinks (no groups): the sliding-window baseline.
+class WindowAttention final : public AttentionPolicy {
+ public:
+  explicit WindowAttention(const FocusSettings& fs) : fs_(fs) {}
+  std::string name() const override { return "window"; }
+
+  void attend(const AttentionCall& a, std::unique_ptr<AttentionState>& state, AttentionStats* stats) const override {
+    const ModelConfig& c = *a.cfg;
+    const int64_t n = a.pos0 + a.T;
+    if (n <= fs_.window) return dense_attention().attend(a, state, nullptr);
+    if (a.pos0 == 0) {
+      focus_window_attention(a.q, a.k, a.v, a.out, nullptr, hard_shape(c, fs_, a.T));
+      if (stats) {
+        const int64_t T = a.T;
+        const double w = (double)std::min(fs_.window, T);
+        // Window pairs, plus sink keys j < S outside the window of rows i >= w.
+        double pairs = w * (w + 1) / 2 + (double)(T - (int64_t)w) * w;
+        for (int64_t j = 0; j < std::min(fs_.sinks, T); ++j)
+          pairs += (double)std::max<int64_t>(0, T - (j + fs_.window));
+        add_causal(stats, 0, T, pairs);
+      }
+      return;
+    }
+    static const FocusLayerCache none;
+    const int64_t pairs = focus_cached_attention(a.q, a.k, a.v, a.out, hard_shape(c, fs_, n), a.pos0, a.T,
+                                                 FocusMode::Window, none, fs_.eps);
+    if (stats) add_causal(stats, a.pos0, a.T, (double)pairs);
+  }
+
+ private:
+  FocusSettings fs_;
+};
+
+// Soft or hard Focus on one router layer.
+class FocusAttention final : public AttentionPolicy {
+ public:
+  FocusAttention(const FocusSettings& fs, const RouterParams* rp, int64_t router, std::vector<float>* grad,
+                 RouterAuxHook hook)
+      : fs_(fs), rp_(rp), router_(router), grad_(grad), hook_(std::move(hook)) {}
+  std::string name() const override { return fs_.mode == FocusMode::Soft ? "focus-soft" : "focus-hard"; }
+  bool trains_parameters() const override { return grad_ != nullptr; }
+
+  void attend(const AttentionCall& a, std::unique_ptr<AttentionState>& state, AttentionStats* stats) const override {
+    const ModelConfig& c = *a.cfg;
+    const bool soft = fs_.mode == FocusMode::Soft;
+    // Route the new rows into the layer's state.
+    if (a.pos0 == 0 || !state) {
+      FOCUS_CHECK(a.pos0 == 0, "forward: the KV cache holds ", a.pos0, " positions but no Focus routing (layer ",
+                  a.layer, "); fill it from position 0 with the same routers");
+      state = std::make_unique<RoutingState>();
+    }
+    auto* rs = dynamic_cast<RoutingState*>(state.get());
+    FOCUS_CHECK(rs, "forward: the KV cache of layer ", a.layer, " was filled by another attention policy");
+    FocusLayerCache& fc = rs->fc;
+    if (a.pos0 == 0) fc.reset(fs_.groups, fs_.topk);
+    FOCUS_CHECK(fc.len == a.pos0 && fc.groups == fs_.groups && fc.topk == fs_.topk, "forward: the KV cache holds ",
+                a.pos0, " positions but the Focus routing of ", fc.len, " of them (layer ", a.layer,
+                "); fill it from position 0 with the same routers");
+    FOCUS_CHECK(!soft || a.pos0 == 0 || !fc.p.empty(),
+                "forward: the KV cache was filled with hard routing; soft mode needs it filled in soft mode");
+    RouterCache rc;
+    router_forward(*rp_, a.xn, a.T, rc);
+    std::vector<int32_t> groups(a.T * fs_.topk);
+    router_topk(rc.s.data(), rp_->bias.data(), a.T, fs_.groups, fs_.topk, groups.data());
+    fc.append(groups.data(), soft ? rc.p.data() : nullptr, a.T);
+
+    const int64_t n = a.pos0 + a.T;
+    if (n <= fs_.window) return dense_attention().attend(a, state, nullptr);
+    if (a.pos0 > 0) {
+      const int64_t pairs = focus_cached_attention(a.q, a.k, a.v, a.out, hard_shape(c, fs_, n), a.pos0, a.T,
+                                                   fs_.mode, fc, fs_.eps);
+      if (stats && !soft) add_causal(stats, a.pos0, a.T, (double)pairs);
+      return;
+    }
+    if (soft) {
+      soft_attention_forward(a.q, a.k, a.v, rc.p.data(), a.out, nullptr, soft_shape(c, fs_, a.layer, a.T));
+      return;
+    }
+    const Routing routing{groups.data(), fs_.groups, fs_.topk};
+    focus_attention_fused(a.q, a.k, a.v, a.out, nullptr, hard_shape(c, fs_, a.T), routing);
+    if (!stats) return;
+    if (stats->groups) {
+      if ((int64_t)stats->groups->size() < c.layers) stats->groups->resize(c.layers);
+      (*stats->groups)[a.layer] = groups;
+    }
+    add_causal(stats, 0, a.T, (double)focus_pair_count(routing, a.T, fs_.window, fs_.sinks));
+    const GroupLoadStats g = group_load_stats(groups.data(), a.T, fs_.topk, fs_.groups);
+    stats->load_max_over_mean = std::max(stats->load_max_over_mean, g.max_over_mean);
+  }
+
+  void train_forward(const AttentionCall& a, AttentionTape& tape) const override {
+    FOCUS_CHECK(fs_.mode == FocusMode::Soft, "Focus trains in soft mode only");
+    auto t = std::make_unique<RouterTape>();
+    router_forward(*rp_, a.xn, a.T, t->rc);
+    tape.lse.resize(a.cfg->heads * a.T);
+    soft_attention_forward(a.q, a.k, a.v, t->rc.p.data(), a.out, tape.lse.data(),
+                           soft_shape(*a.cfg, fs_, a.layer, a.T));
+    tape.data = std::move(t);
+  }
+
+  void train_backward(const AttentionCall& a, AttentionTape& tape, const float* dout, float* dq, float* dk,
+                      float* dv) const override {
+    auto& t = static_cast<RouterTape&>(*tape.data);
+    t.dp.assign(a.T * fs_.groups, 0.f);
+    soft_attention_backward(a.q, a.k, a.v, t.rc.p.data(), a.out, tape.lse.data(), dout, dq, dk, dv, t.dp.data(),
+                            soft_shape(*a.cfg, fs_, a.layer, a.T));
+  }
+
+  void train_backward_input(const AttentionCall& a, AttentionTape& tape, float* dxn) const override {
+    auto& t = static_cast<RouterTape&>(*tape.data);
+    t.ds.assign(a.T * fs_.groups, 0.f);
+    if (hook_) hook_(router_, t.rc, t.ds.data());
+    // Without a gradient buffer the router still passes its input gradient on.
+    float* gr = nullptr;
+    if (grad_) {
+      gr = grad_->data();
+    } else {
+      t.scratch.assign(rp_->params.size(), 0.f);
+      gr = t.scratch.data();
+    }
+    router_backward(*rp_, a.xn, t.rc, t.dp.data(), t.ds.data(), gr, dxn);
+  }
+
+ private:
+  FocusSettings fs_;
+  const RouterParams* rp_;
+  int64_t router_;
+  std::vector<float>* grad_;
+  RouterAuxHook hook_;
+};
+
+AttentionPlan make_plan(const ModelConfig& c, const FocusRouters& f, FocusMode mode,
+                        std::vector<std::vector<float>>* grads, const RouterAuxHook& hook) {
+  FOCUS_CHECK((int64_t)f.router_of_layer.size() == c.layers, "routers: ", f.router_of_layer.size(),
+              " layer entries for a model of ", c.layers, " layers");
+  AttentionPlan plan;
+  plan.layers.resize(c.layers);
+  if (mode == FocusMode::Off) return plan;
+  FocusSettings fs = f.settings;
+  fs.mode = mode;
+  auto window = mode == FocusMode::Window ? std::make_shared<WindowAttention>(fs) : nullptr;
+  for (int64_t l = 0; l < c.layers; ++l) {
+    const int64_t r = f.router_of_layer[l];
+    if (r < 0 || c.layer_window[l] > 0) continue;
+    if (window)
+      plan.layers[l] = window;
+    else
+      plan.layers[l] =
+          std::make_shared<FocusAttention>(fs, &f.routers[r], r, grads ? &(*grads)[r] : nullptr, hook);
+  }
+  return plan;
+}
+
+}  // namespace
+
+AttentionPlan focus_plan(const ModelConfig& c, const FocusRouters& f) {
+  return make_plan(c, f, f.settings.mode, nullptr, nullptr);
+}
+
+AttentionPlan focus_train_plan(const ModelConfig& c, const FocusRouters& f, std::vector<std::vector<float>>* grads,
+                               RouterAuxHook hook) {
+  return make_plan(c, f, FocusMode::Soft, grads, hook);
+}
+
+}  // namespace focus

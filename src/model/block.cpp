@@ -1,0 +1,260 @@
+#include "model/block.h"
+
+#include <algorithm>
+
+#include "core/error.h"
+#include "kernels/cpu/ops.h"
+
+namespace focus {
+
+void embed_tokens(const Model& m, const int32_t* ids, int64_t T, int64_t pos0, float* x) {
+  const ModelConfig& c = m.cfg;
+  const int64_t D = c.dim;
+  if (c.learned_pos)
+    FOCUS_CHECK(pos0 + T <= c.max_ctx, "position ", pos0 + T - 1, " is beyond the model's ", c.max_ctx,
+                " learned positions");
+  for (int64_t t = 0; t < T; ++t) {
+    FOCUS_CHECK(ids[t] >= 0 && ids[t] < c.vocab, "token id ", ids[t], " outside the vocabulary (", c.vocab, ")");
+    const float* e = m.w.tok_emb + (int64_t)ids[t] * D;
+    for (int64_t i = 0; i < D; ++i) x[t * D + i] = e[i] * c.embed_scale;
+    if (c.learned_pos) {
+      const float* p = m.w.pos_emb + (pos0 + t) * D;
+      for (int64_t i = 0; i < D; ++i) x[t * D + i] += p[i];
+    }
+  }
+}
+
+void model_norm(const ModelConfig& c, const float* x, const float* w, const float* b, float* out, int64_t rows) {
+  if (c.norm == NormKind::RMS)
+    cpu::rmsnorm(x, w, out, rows, c.dim, c.norm_eps);
+  else
+    cpu::layernorm(x, w, b, out, rows, c.dim, c.norm_eps);
+}
+
+void model_norm_backward(const ModelConfig& c, const float* x, const float* w, const float* dy, float* dx,
+                         int64_t rows, bool accumulate) {
+  if (c.norm == NormKind::RMS)
+    cpu::rmsnorm_backward(x, w, dy, dx, rows, c.dim, c.norm_eps, accumulate);
+  else
+    cpu::layernorm_backward(x, w, dy, dx, rows, c.dim, c.norm_eps, accumulate);
+}
+
+namespace {
+
+float rope_theta(const ModelConfig& c, int64_t layer) {
+  return c.layer_window[layer] > 0 ? c.rope_theta_local : c.rope_theta;
+}
+
+// The layer's attention call over what block_run left in A (training: k and v in A).
+AttentionCall train_call(const Model& m, int64_t layer, int64_t T, BlockActs& A) {
+  AttentionCall call;
+  call.cfg = &m.cfg;
+  call.layer = layer;
+  call.T = T;
+  call.xn = A.xn1.data();
+  call.q = A.q.data();
+  call.k = A.k.data();
+  call.v = A.v.data();
+  call.out = A.att.data();
+  return call;
+}
+
+// The block, for inference (train false: attention through policy.attend, keys and values into
+// the cache rows of io, activations overwritten in place where the backward pass would need them)
+// and for training (train true: policy.train_forward, every activation kept in A).
+void block_run(const Model& m, const AttentionPolicy& policy, const BlockIO& io, BlockActs& A, bool train,
+               const ProjectionAdapter* adapter, std::unique_ptr<AttentionState>* state, AttentionStats* stats) {
+  const ModelConfig& c = m.cfg;
+  const int64_t l = io.layer, T = io.T, D = c.dim, QD = c.q_dim(), KD = c.kv_dim(), F = c.ffn;
+  const LayerWeights& L = m.w.layers[l];
+  auto adapt = [&](int proj, const float* x, float* y) {
+    if (adapter && adapter->adapts(l, proj)) adapter->forward(l, proj, x, T, y, A.adapter_keep[proj]);
+  };
+  A.xn1.resize(T * D);
+  A.q.resize(T * QD);
+  A.att.resize(T * QD);
+  A.h1.resize(T * D);
+  A.xn2.resize(T * D);
+  float *k = io.k_rows, *v = io.v_rows;
+  if (train) {
+    A.k.resize(T * KD);
+    A.v.resize(T * KD);
+    k = A.k.data();
+    v = A.v.data();
+  }
+
+  // Attention block.
+  model_norm(c, io.x_in, L.attn_norm, L.attn_norm_b, A.xn1.data(), T);
+  cpu::linear(A.xn1.data(), L.wq, L.bq, A.q.data(), T, D, QD);
+  cpu::linear(A.xn1.data(), L.wk, L.bk, k, T, D, KD);
+  cpu::linear(A.xn1.data(), L.wv, L.bv, v, T, D, KD);
+  adapt(kProjQ, A.xn1.data(), A.q.data());
+  adapt(kProjK, A.xn1.data(), k);
+  adapt(kProjV, A.xn1.data(), v);
+  if (c.qk_norm) {
+    const float* q_in = A.q.data();
+    const float* k_in = k;
+    if (train) {
+      A.q_pre = A.q;
+      A.k_pre = A.k;
+      q_in = A.q_pre.data();
+      k_in = A.k_pre.data();
+    }
+    cpu::rmsnorm(q_in, L.q_norm, A.q.data(), T * c.heads, c.head_dim, c.norm_eps);
+    cpu::rmsnorm(k_in, L.k_norm, k, T * c.kv_heads, c.head_dim, c.norm_eps);
+  }
+  if (c.rope_dim > 0) {
+    cpu::rope(A.q.data(), T, c.heads, c.head_dim, c.rope_dim, io.pos0, rope_theta(c, l), c.rope_style);
+    cpu::rope(k, T, c.kv_heads, c.head_dim, c.rope_dim, io.pos0, rope_theta(c, l), c.rope_style);
+  }
+  if (train) {
+    policy.train_forward(train_call(m, l, T, A), A.tape);
+  } else {
+    AttentionCall call;
+    call.cfg = &c;
+    call.layer = l;
+    call.pos0 = io.pos0;
+    call.T = T;
+    call.xn = A.xn1.data();
+    call.q = A.q.data();
+    call.k = io.k_all;
+    call.v = io.v_all;
+    call.out = A.att.data();
+    policy.attend(call, *state, stats);
+  }
+
+  // Projection and residual: h1 = x_in + post_norm(att Wo^T + bo).
+  float* a = A.h1.data();
+  if (c.post_norms) {
+    A.a_pre.resize(T * D);
+    a = A.a_pre.data();
+  }
+  cpu::linear(A.att.data(), L.wo, L.bo, a, T, QD, D);
+  adapt(kProjO, A.att.data(), a);
+  if (c.post_norms) cpu::rmsnorm(A.a_pre.data(), L.post_attn_norm, A.h1.data(), T, D, c.norm_eps);
+  cpu::add_inplace(A.h1.data(), io.x_in, T * D);
+
+  // MLP block: x_out = h1 + post_norm(mlp(norm(h1))).
+  model_norm(c, A.h1.data(), L.ffn_norm, L.ffn_norm_b, A.xn2.data(), T);
+  A.up.resize(T * F);
+  float* act = nullptr;
+  if (c.mlp == MlpKind::GELU) {
+    cpu::linear(A.xn2.data(), L.w_up, L.b_up, A.up.data(), T, D, F);
+    act = A.up.data();
+    if (train) {
+      A.act = A.up;
+      act = A.act.data();
+    }
+    cpu::gelu_tanh(act, T * F);
+  } else {
+    A.gate.resize(T * F);
+    cpu::linear(A.xn2.data(), L.w_gate, nullptr, A.gate.data(), T, D, F);
+    cpu::linear(A.xn2.data(), L.w_up, L.b_up, A.up.data(), T, D, F);
+    act = A.gate.data();
+    if (train) {
+      A.act = A.gate;
+      act = A.act.data();
+    }
+    if (c.mlp == MlpKind::SwiGLU)
+      cpu::silu_mul(act, A.up.data(), T * F);
+    else
+      cpu::gelu_tanh_mul(act, A.up.data(), T * F);
+  }
+  if (c.post_norms) {
+    A.m_pre.resize(T * D);
+    cpu::linear(act, L.w_down, L.b_down, A.m_pre.data(), T, F, D);
+    cpu::rmsnorm(A.m_pre.data(), L.post_ffn_norm, io.x_out, T, D, c.norm_eps);
+  } else {
+    cpu::linear(act, L.w_down, L.b_down, io.x_out, T, F, D);
+  }
+  cpu::add_inplace(io.x_out, A.h1.data(), T * D);
+}
+
+}  // namespace
+
+void block_forward(const Model& m, const AttentionPolicy& policy, const BlockIO& io, BlockActs& A,
+                   std::unique_ptr<AttentionState>& state, AttentionStats* stats) {
+  FOCUS_CHECK(io.k_rows && io.v_rows && io.k_all && io.v_all, "block_forward: no KV cache rows given");
+  block_run(m, policy, io, A, false, nullptr, &state, stats);
+}
+
+void block_train_forward(const Model& m, const AttentionPolicy& policy, const BlockIO& io, BlockActs& A,
+                         const ProjectionAdapter* adapter) {
+  FOCUS_CHECK(io.pos0 == 0, "block_train_forward: a training window starts at position 0");
+  block_run(m, policy, io, A, true, adapter, nullptr, nullptr);
+}
+
+void block_backward(const Model& m, const AttentionPolicy& policy, int64_t l, int64_t T, const float* x_in,
+                    BlockActs& A, const ProjectionAdapter* adapter, float* dx, BlockGradScratch& S) {
+  const ModelConfig& c = m.cfg;
+  const LayerWeights& L = m.w.layers[l];
+  const int64_t D = c.dim, QD = c.q_dim(), KD = c.kv_dim(), F = c.ffn;
+  auto adapt_back = [&](int proj, const float* x, const float* dy, float* dxin) {
+    if (adapter && adapter->adapts(l, proj)) adapter->backward(l, proj, x, A.adapter_keep[proj], dy, T, dxin);
+  };
+
+  // MLP block: x_out = h1 + post(down(act)).
+  const float* dm = dx;
+  if (c.post_norms) {
+    S.d1.resize(T * D);
+    cpu::rmsnorm_backward(A.m_pre.data(), L.post_ffn_norm, dx, S.d1.data(), T, D, c.norm_eps, false);
+    dm = S.d1.data();
+  }
+  S.dact.resize(T * F);
+  cpu::linear_backward_input(dm, L.w_down, S.dact.data(), T, F, D, false);
+  S.dup.resize(T * F);
+  S.dxn.resize(T * D);
+  if (c.mlp == MlpKind::GELU) {
+    cpu::gelu_tanh_backward(A.up.data(), S.dact.data(), S.dup.data(), T * F);
+    cpu::linear_backward_input(S.dup.data(), L.w_up, S.dxn.data(), T, D, F, false);
+  } else {
+    S.dgate.resize(T * F);
+    if (c.mlp == MlpKind::SwiGLU)
+      cpu::silu_mul_backward(A.gate.data(), A.up.data(), S.dact.data(), S.dgate.data(), S.dup.data(), T * F);
+    else
+      cpu::gelu_tanh_mul_backward(A.gate.data(), A.up.data(), S.dact.data(), S.dgate.data(), S.dup.data(), T * F);
+    cpu::linear_backward_input(S.dgate.data(), L.w_gate, S.dxn.data(), T, D, F, false);
+    cpu::linear_backward_input(S.dup.data(), L.w_up, S.dxn.data(), T, D, F, true);
+  }
+  // dh1 = dx + norm'(h1) dxn  (kept in dx)
+  model_norm_backward(c, A.h1.data(), L.ffn_norm, S.dxn.data(), dx, T, true);
+
+  // Attention block: h1 = x_in + post(att Wo^T).
+  const float* da = dx;
+  if (c.post_norms) {
+    S.d1.resize(T * D);
+    cpu::rmsnorm_backward(A.a_pre.data(), L.post_attn_norm, dx, S.d1.data(), T, D, c.norm_eps, false);
+    da = S.d1.data();
+  }
+  S.datt.resize(T * QD);
+  cpu::linear_backward_input(da, L.wo, S.datt.data(), T, QD, D, false);
+  adapt_back(kProjO, A.att.data(), da, S.datt.data());
+
+  const AttentionCall call = train_call(m, l, T, A);
+  S.dq.assign(T * QD, 0.f);
+  S.dk.assign(T * KD, 0.f);
+  S.dv.assign(T * KD, 0.f);
+  policy.train_backward(call, A.tape, S.datt.data(), S.dq.data(), S.dk.data(), S.dv.data());
+  if (c.rope_dim > 0) {
+    cpu::rope_backward(S.dq.data(), T, c.heads, c.head_dim, c.rope_dim, 0, rope_theta(c, l), c.rope_style);
+    cpu::rope_backward(S.dk.data(), T, c.kv_heads, c.head_dim, c.rope_dim, 0, rope_theta(c, l), c.rope_style);
+  }
+  if (c.qk_norm) {
+    cpu::rmsnorm_backward(A.q_pre.data(), L.q_norm, S.dq.data(), S.dq.data(), T * c.heads, c.head_dim, c.norm_eps,
+                          false);
+    cpu::rmsnorm_backward(A.k_pre.data(), L.k_norm, S.dk.data(), S.dk.data(), T * c.kv_heads, c.head_dim,
+                          c.norm_eps, false);
+  }
+  S.dxn.resize(T * D);
+  cpu::linear_backward_input(S.dq.data(), L.wq, S.dxn.data(), T, D, QD, false);
+  cpu::linear_backward_input(S.dk.data(), L.wk, S.dxn.data(), T, D, KD, true);
+  cpu::linear_backward_input(S.dv.data(), L.wv, S.dxn.data(), T, D, KD, true);
+  adapt_back(kProjQ, A.xn1.data(), S.dq.data(), S.dxn.data());
+  adapt_back(kProjK, A.xn1.data(), S.dk.data(), S.dxn.data());
+  adapt_back(kProjV, A.xn1.data(), S.dv.data(), S.dxn.data());
+  policy.train_backward_input(call, A.tape, S.dxn.data());
+  // dx_in = dh1 + norm'(x_in) dxn1
+  model_norm_backward(c, x_in, L.attn_norm, S.dxn.data(), dx, T, true);
+}
+
+}  // namespace focus

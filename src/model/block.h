@@ -1,0 +1,95 @@
+// The transformer block, written once for every architecture (ModelConfig says what differs) and
+// for both uses: inference (forward.cpp: keys and values into the KV cache, buffers reused from
+// layer to layer) and training (train/backward.cpp: every activation the backward pass needs kept
+// per layer, or recomputed from the layer's input). Each op's backward sits next to its forward.
+//
+//   h1    = x + post_attn_norm(attention(norm(x)) Wo^T + bo)
+//   x_out = h1 + post_ffn_norm(mlp(norm(h1)))
+#pragma once
+#include <array>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "model/attention.h"
+#include "model/model.h"
+
+namespace focus {
+
+// The projections of a block that an adapter can sit on.
+enum Projection : int { kProjQ = 0, kProjK = 1, kProjV = 2, kProjO = 3 };
+inline constexpr int kProjections = 4;
+
+// A trainable addition to some projections of a frozen model (LoRA: train/lora.h), applied in
+// training without merging it into the weights: y += delta(x).
+class ProjectionAdapter {
+ public:
+  virtual ~ProjectionAdapter() = default;
+  virtual bool adapts(int64_t layer, int proj) const = 0;
+  // y [T, out] += delta(x [T, in]); keep receives what backward needs.
+  virtual void forward(int64_t layer, int proj, const float* x, int64_t T, float* y, std::vector<float>& keep) const = 0;
+  // Given dy [T, out], adds the adapter's share of dL/dx into dx and accumulates the gradients of
+  // its own parameters (when it trains them).
+  virtual void backward(int64_t layer, int proj, const float* x, const std::vector<float>& keep, const float* dy,
+                        int64_t T, float* dx) const = 0;
+};
+
+// One layer's activations. Inference reuses one set for every layer; training keeps one per
+// layer (or one, recomputed) for the backward pass.
+struct BlockActs {
+  std::vector<float> xn1;           // attention norm output [T, D]
+  std::vector<float> q_pre, k_pre;  // q, k before the QK norms (training only)
+  std::vector<float> q, k, v;       // as attention saw them (k, v: training only; inference
+                                    // writes them into the cache)
+  std::vector<float> att;           // attention output [T, q_dim]
+  AttentionTape tape;               // the policy's own (training)
+  std::vector<float> a_pre;         // attention projection before the post-attention norm
+  std::vector<float> h1;            // residual after the attention block [T, D]
+  std::vector<float> xn2;           // MLP norm output
+  std::vector<float> gate, up;      // MLP pre-activations [T, ffn] (GELU: up only)
+  std::vector<float> act;           // MLP activation output (training; inference works in place)
+  std::vector<float> m_pre;         // MLP projection before the post-MLP norm
+  std::array<std::vector<float>, kProjections> adapter_keep;
+};
+
+// Where one block call reads and writes. Inference: k_rows/v_rows point at row pos0 of the cache
+// and k_all/v_all at its row 0. Training: pos0 = 0 and all four are left null (the block keeps k
+// and v in BlockActs).
+struct BlockIO {
+  int64_t layer = 0, pos0 = 0, T = 0;
+  const float* x_in = nullptr;  // [T, D] the residual stream
+  float* x_out = nullptr;       // [T, D], may be x_in
+  float* k_rows = nullptr;
+  float* v_rows = nullptr;
+  const float* k_all = nullptr;
+  const float* v_all = nullptr;
+};
+
+// x [T, D] = embedding of ids (times the model's embed scale) plus learned positions pos0 ...
+void embed_tokens(const Model& m, const int32_t* ids, int64_t T, int64_t pos0, float* x);
+
+// The model's norm (RMS or layer norm) over rows of width dim, and its backward: dx (+)= dL/dx.
+void model_norm(const ModelConfig& c, const float* x, const float* w, const float* b, float* out, int64_t rows);
+void model_norm_backward(const ModelConfig& c, const float* x, const float* w, const float* dy, float* dx,
+                         int64_t rows, bool accumulate);
+
+// Inference: one block over the new rows, attention by `policy` over the cache (state: the
+// layer's slot in the KV cache).
+void block_forward(const Model& m, const AttentionPolicy& policy, const BlockIO& io, BlockActs& A,
+                   std::unique_ptr<AttentionState>& state, AttentionStats* stats);
+
+// Training: one block over a window (io.pos0 == 0), keeping in A what block_backward needs.
+void block_train_forward(const Model& m, const AttentionPolicy& policy, const BlockIO& io, BlockActs& A,
+                         const ProjectionAdapter* adapter);
+
+// Scratch of the backward pass, reused across layers.
+struct BlockGradScratch {
+  std::vector<float> d1, dact, dgate, dup, dxn, datt, dq, dk, dv;
+};
+
+// Given dx = dL/dx_out [T, D], the block's input x_in and its activations, replaces dx with
+// dL/dx_in and accumulates the gradients of the policy's and the adapter's parameters.
+void block_backward(const Model& m, const AttentionPolicy& policy, int64_t layer, int64_t T, const float* x_in,
+                    BlockActs& A, const ProjectionAdapter* adapter, float* dx, BlockGradScratch& S);
+
+}  // namespace focus

@@ -1,9 +1,10 @@
 // Prefill throughput of a real model and the machine's sgemm rate, measured in one run, with
 // model FLOP utilisation of the GEMM part of prefill against that sgemm peak; and the router
 // training step (Focus soft forward + backward through the frozen model) at --train-ctx, with its
-// useful-FLOP utilisation against the same sgemm peak.
-//   focus_bench [--model smollm2] [--ctx 512,2048] [--train-ctx 1024] [--reps 3] [--threads T]
-//               [--json FILE]
+// useful-FLOP utilisation against the same sgemm peak; and the soft-mode Focus attention kernels
+// alone at --soft-attn tokens (bench_soft_attention.h).
+//   focus_bench [--model smollm2] [--ctx 512,2048] [--train-ctx 1024] [--soft-attn 2048] [--reps 3]
+//               [--threads T] [--json FILE]
 #include <cblas.h>
 
 #include <algorithm>
@@ -22,6 +23,7 @@
 #include "kernels/cpu/ops.h"
 #include "model/model.h"
 #include "train/backward.h"
+#include "bench_soft_attention.h"
 
 using namespace focus;
 using Clock = std::chrono::steady_clock;
@@ -58,7 +60,7 @@ int main(int argc, char** argv) {
   std::string model = "smollm2", json_path;
   std::vector<int64_t> ctxs = {512, 2048};
   int reps = 3, threads = 0;
-  int64_t train_ctx = 1024;
+  int64_t train_ctx = 1024, soft_attn = 2048;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     auto next = [&]() -> std::string {
@@ -73,12 +75,14 @@ int main(int argc, char** argv) {
     else if (a == "--reps") reps = std::stoi(next());
     else if (a == "--threads") threads = std::stoi(next());
     else if (a == "--train-ctx") train_ctx = std::stoll(next());
+    else if (a == "--soft-attn") soft_attn = std::stoll(next());
     else if (a == "--ctx") {
       ctxs.clear();
       std::stringstream ss(next());
       for (std::string p; std::getline(ss, p, ',');) ctxs.push_back(std::stoll(p));
     } else {
-      std::fprintf(stderr, "usage: focus_bench [--model M] [--ctx 512,2048] [--train-ctx N (0: skip)] [--reps N] [--threads T] [--json FILE]\n");
+      std::fprintf(stderr, "usage: focus_bench [--model M] [--ctx 512,2048] [--train-ctx N (0: skip)] "
+                           "[--soft-attn N (0: skip)] [--reps N] [--threads T] [--json FILE]\n");
       return 2;
     }
   }
@@ -89,6 +93,7 @@ int main(int argc, char** argv) {
     const double peak_sq = sgemm_gflops(2048, 2048, 2048, reps);
     std::printf("sgemm 2048^3: %.1f GFLOP/s (%d threads)\n", peak_sq, num_threads());
     out["sgemm_gflops_2048"] = peak_sq;
+    if (soft_attn > 0) out["soft_attention"] = bench_soft_attention(soft_attn, reps);
 
     LoadOptions lo;
     lo.need_tokenizer = false;

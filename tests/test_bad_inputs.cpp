@@ -95,16 +95,19 @@ struct GGUF {
   }
 };
 
-// A structurally valid GGUF of architecture `arch` holding one F32 tensor.
-std::string tiny_gguf(const std::string& arch, const std::string& tname, std::vector<uint64_t> ne) {
+// A structurally valid GGUF of architecture `arch` holding one F32 tensor (dim 8, 2 heads), with
+// the extra integer keys `extra` ("attention.key_length", ...; the architecture prefix is added).
+std::string tiny_gguf(const std::string& arch, const std::string& tname, std::vector<uint64_t> ne,
+                      const std::vector<std::pair<std::string, uint32_t>>& extra = {}) {
   GGUF g;
-  g.header(1, 6);
+  g.header(1, 6 + extra.size());
   g.kv_str("general.architecture", arch);
   g.kv_u32(arch + ".embedding_length", 8);
   g.kv_u32(arch + ".block_count", 1);
   g.kv_u32(arch + ".attention.head_count", 2);
   g.kv_u32(arch + ".feed_forward_length", 16);
   g.kv_u32(arch + ".context_length", 32);
+  for (const auto& [k, v] : extra) g.kv_u32(arch + "." + k, v);
   g.tensor(tname, ne, 0, 0);
   uint64_t n = 1;
   for (auto d : ne) n *= d;
@@ -190,6 +193,18 @@ TEST(BadInputs, GgufMissingTensor) {
 TEST(BadInputs, GgufInconsistentShape) {
   const auto p = write("shape.gguf", tiny_gguf("llama", "token_embd.weight", {7, 4}));
   expect_clean_error("info " + p, p, "shape");
+}
+
+TEST(BadInputs, GgufValueHeadSizeDiffersFromKeyHeadSize) {
+  // Without attention.key_length the key head size is 8 / 2 = 4.
+  auto p = write("vlen.gguf", tiny_gguf("llama", "token_embd.weight", {8, 4}, {{"attention.value_length", 8}}));
+  expect_clean_error("info " + p, p, "llama.attention.value_length is 8 but the key head size");
+  p = write("klen_vlen.gguf", tiny_gguf("llama", "token_embd.weight", {8, 4},
+                                        {{"attention.key_length", 4}, {"attention.value_length", 6}}));
+  expect_clean_error("info " + p, p, "llama.attention.value_length is 6 but the key head size");
+  // Equal sizes pass this check (and fail later, on the missing tensors).
+  p = write("vlen_ok.gguf", tiny_gguf("llama", "token_embd.weight", {8, 4}, {{"attention.value_length", 4}}));
+  expect_clean_error("info " + p, p, "missing tensor");
 }
 
 TEST(BadInputs, Llama2cTruncated) {

@@ -4,9 +4,12 @@
 
 #include <cmath>
 #include <cstring>
+#include <fstream>
+#include <nlohmann/json.hpp>
 #include <vector>
 
 #include "core/error.h"
+#include "core/mapped_file.h"
 #include "eval/groups_report.h"
 #include "focus/focus_attention.h"
 #include "focus/focus_model.h"
@@ -218,6 +221,40 @@ TEST(FocusModel, RouterFilesRoundTrip) {
   const auto ids = some_ids(120, m->cfg.vocab, 5);
   const auto a = run(*m, ids, &f), b = run(*m, ids, &g);
   EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)), 0);
+}
+
+// focus.json may list only global attention layers, each once: training would apply a router on
+// a sliding-window layer that inference skips.
+TEST(FocusModel, LoadRejectsRoutersOnSlidingLayersAndRepeatedLayers) {
+  ModelConfig c;
+  c.dim = 16;
+  c.layers = 3;
+  c.layer_window = {0, 0, 0};
+  FocusSettings s;
+  s.groups = 4;
+  s.dg = 8;
+  const std::string dir = ::testing::TempDir() + "/focus_router_layers";
+  save_focus(focus_init(c, s, 3), dir, c, "none");
+  EXPECT_EQ(load_focus(dir, c).routers.size(), 3u);
+  auto error_of = [&](const ModelConfig& cfg) {
+    try {
+      load_focus(dir, cfg);
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  ModelConfig sliding = c;
+  sliding.layer_window = {0, 8, 0};  // the same files, but layer 1 is now a sliding-window layer
+  std::string msg = error_of(sliding);
+  EXPECT_NE(msg.find(dir + "/focus.json: layer 1 is a sliding-window layer"), std::string::npos) << msg;
+
+  const std::string jp = dir + "/focus.json";
+  nlohmann::json j = nlohmann::json::parse(read_file(jp));
+  j["layers"] = {0, 2, 2};
+  std::ofstream(jp) << j.dump(2);
+  msg = error_of(c);
+  EXPECT_NE(msg.find(jp + ": layer 2 is listed twice"), std::string::npos) << msg;
 }
 
 TEST(FocusModel, LearnedTemperaturesRoundTrip) {

@@ -559,6 +559,13 @@ TEST(LoraTrain, InterruptedRunResumesToTheSameBits) {
   oc.lora.rank = 2;
   const std::string msg = expect_error([&] { run_lora(*m, oc); });
   EXPECT_NE(msg.find("checkpoint.safetensors"), std::string::npos) << msg;
+  // So are another validation text and another weight decay; the error names the setting.
+  oc = ob;
+  oc.valid = {book("pg-98-a-tale-of-two-cities.txt")};
+  EXPECT_NE(expect_error([&] { run_lora(*m, oc); }).find("valid: checkpoint"), std::string::npos);
+  oc = ob;
+  oc.adam.weight_decay = ob.adam.weight_decay + 0.05f;
+  EXPECT_NE(expect_error([&] { run_lora(*m, oc); }).find("weight_decay: checkpoint"), std::string::npos);
   // A document on both sides is refused.
   LoraOptions od = small_lora_run(::testing::TempDir() + "/focus_lora_split");
   od.valid = {od.train[0]};

@@ -13,7 +13,10 @@
 
 #include "core/error.h"
 #include "core/threads.h"
+#include "focus/balancing.h"
 #include "io/safetensors.h"
+#include "train/backward.h"
+#include "train/data.h"
 #include "train/retrofit.h"
 #include "test_util.h"
 
@@ -135,6 +138,89 @@ TEST(Retrofit, InterruptedRunResumesToTheSameBits) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("checkpoint.safetensors"), std::string::npos) << e.what();
   }
+  // So is a changed weight decay, hard top-k or validation set; the error names the setting.
+  auto refused = [&](const RetrofitOptions& o, const std::string& setting) {
+    try {
+      run_retrofit(*m, o);
+      ADD_FAILURE() << "resume with another " << setting << " must fail";
+    } catch (const Error& e) {
+      const std::string msg = e.what();
+      EXPECT_NE(msg.find("checkpoint.safetensors"), std::string::npos) << msg;
+      EXPECT_NE(msg.find(setting + ": checkpoint"), std::string::npos) << msg;
+    }
+  };
+  oc = ob;
+  oc.adam.weight_decay = 0.1f;
+  refused(oc, "weight_decay");
+  oc = ob;
+  oc.focus.topk = 2;
+  refused(oc, "topk");
+  oc = ob;
+  oc.valid_windows = ob.valid_windows + 1;
+  refused(oc, "valid_windows");
+  oc = ob;
+  oc.focus.learn_tau = true;
+  refused(oc, "learn_tau");
+}
+
+// With --balance swav every step's metrics line carries the SwAV loss: the mean over the step's
+// windows and routers of the cross-entropy against the Sinkhorn targets. Step 1 uses the seeded
+// routers, so it is recomputed here from the same windows.
+TEST(Retrofit, SwavLossIsLoggedEveryStep) {
+  FOCUS_NEED_FILE(stories());
+  FOCUS_NEED_FILE(book("pg-345-dracula.txt"));
+  auto m = load_model(stories(), LoadOptions{tok512()});
+  const std::string out = ::testing::TempDir() + "/focus_retrofit_swav";
+  RetrofitOptions o = small_run(out);
+  o.steps = 3;
+  o.balance = Balance::Swav;
+  const RetrofitResult r = run_retrofit(*m, o);
+
+  std::vector<double> logged;
+  std::ifstream in(out + "/metrics.jsonl");
+  for (std::string l; std::getline(in, l);) {
+    const nlohmann::json j = nlohmann::json::parse(l);
+    if (j.contains("loss")) {
+      ASSERT_TRUE(j.contains("swav_loss")) << l;
+      logged.push_back(j["swav_loss"].get<double>());
+    } else {
+      EXPECT_FALSE(j.contains("swav_loss")) << l;
+    }
+  }
+  ASSERT_EQ(logged.size(), 3u);
+  EXPECT_EQ(r.swav_loss, logged.back());
+
+  FocusSettings fs = o.focus;
+  fs.mode = FocusMode::Soft;
+  const FocusRouters f = focus_init(m->cfg, fs, o.seed);
+  const std::vector<TokenDoc> docs = tokenize_docs(*m->tok, o.train);
+  const int32_t bos = m->tok->bos();
+  double sum = 0;
+  int64_t terms = 0;
+  const int64_t G = fs.groups;
+  const RouterAuxHook hook = [&](int64_t ri, const RouterCache& rc, float*) {
+    std::vector<float> q(rc.n * G);
+    sinkhorn_forward(rc.s.data(), rc.n, G, 1.0f, 3, q.data());
+    sum += swav_loss_forward(rc.s.data(), f.routers[ri].bias.data(), q.data(), rc.n, G);
+    ++terms;
+  };
+  for (int64_t b = 0; b < o.batch; ++b) {
+    const Window w = make_window(docs, sample_window(docs, o.ctx, bos, o.seed, 0, b), o.ctx, bos);
+    std::vector<std::vector<float>> grads(f.routers.size());
+    for (size_t i = 0; i < grads.size(); ++i) grads[i].assign(f.routers[i].params.size(), 0.f);
+    focus_router_loss_and_grad(*m, f, TrainWindow{w.ids.data(), (int64_t)w.ids.size(), w.targets.data()}, 1.f,
+                               &grads, hook);
+  }
+  ASSERT_EQ(terms, o.batch * (int64_t)f.routers.size());
+  EXPECT_NEAR(logged[0], sum / (double)terms, 1e-9 * logged[0]);
+  EXPECT_GT(logged[0], 0.0);
+
+  // Without SwAV balancing there is no such field.
+  o = small_run(out);
+  o.steps = 1;
+  EXPECT_EQ(run_retrofit(*m, o).swav_loss, 0.0);
+  std::ifstream in2(out + "/metrics.jsonl");
+  for (std::string l; std::getline(in2, l);) EXPECT_FALSE(nlohmann::json::parse(l).contains("swav_loss")) << l;
 }
 
 // The elapsed time in the metrics log counts each second once, however often a checkpoint is

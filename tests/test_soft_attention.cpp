@@ -6,7 +6,6 @@
 //  - p == nullptr equals the dense flash kernel; causality and determinism are exact.
 #include <gtest/gtest.h>
 
-#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <random>
@@ -348,37 +347,3 @@ TEST(SoftAttentionKernel, RejectsBadShapes) {
                focus::Error);
 }
 
-TEST(SoftAttentionKernel, Throughput) {
-  // The router-training shape (SmolLM2-135M heads): N = 2048, H = 9, HKV = 3, Dh = 64, G = 16.
-  // FLOPs counted on the visible causal pairs: forward 4 * Dh, backward 10 * Dh per pair and head.
-#ifdef __SANITIZE_ADDRESS__
-  GTEST_SKIP() << "timings mean nothing under AddressSanitizer";
-#endif
-  SoftAttnShape s = shape(2048, 9, 3, 64, 16, 64, 1);
-  const Inputs in = make_inputs(s, true, 700);
-  VF o(in.q.size()), lse(9 * s.n), dq(in.q.size()), dk(in.k.size()), dv(in.v.size()), dp(in.p.size());
-  const double pairs = (double)s.n * (s.n + 1) / 2 * s.heads;
-  auto time = [](auto&& f) {
-    double best = 1e30;
-    for (int r = 0; r < 2; ++r) {
-      const auto t0 = std::chrono::steady_clock::now();
-      f();
-      best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
-    }
-    return best;
-  };
-  for (const bool bias : {false, true}) {
-    const float* p = bias ? in.p.data() : nullptr;
-    const double tf = time([&] {
-      focus::soft_attention_forward(in.q.data(), in.k.data(), in.v.data(), p, o.data(), lse.data(), s);
-    });
-    const double tb = time([&] {
-      focus::soft_attention_backward(in.q.data(), in.k.data(), in.v.data(), p, o.data(), lse.data(), in.w.data(),
-                                     dq.data(), dk.data(), dv.data(), bias ? dp.data() : nullptr, s);
-    });
-    std::printf("[ soft attention %s ] N 2048 H 9/3 Dh 64 G 16: forward %.1f ms (%.1f GFLOP/s), backward %.1f ms "
-                "(%.1f GFLOP/s)\n",
-                bias ? "with bias" : "no bias  ", tf * 1e3, 4.0 * 64 * pairs / tf / 1e9, tb * 1e3,
-                10.0 * 64 * pairs / tb / 1e9);
-  }
-}

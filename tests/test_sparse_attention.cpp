@@ -159,7 +159,6 @@ TEST(GroupLayout, StableSortedSegments) {
   const focus::GroupLayout L = focus::build_group_layout({ids.data(), 4, 1}, 6);
   EXPECT_EQ(L.offsets, (std::vector<int64_t>{0, 2, 3, 6, 6}));
   EXPECT_EQ(L.members, (std::vector<int32_t>{1, 4, 3, 0, 2, 5}));
-  EXPECT_DOUBLE_EQ(L.load_max_over_mean(), 3.0 * 4 / 6);
   const std::vector<int32_t> ids2 = {0, 1, 1, 2, 0, 2};  // topk 2: each token in both its groups
   const focus::GroupLayout L2 = focus::build_group_layout({ids2.data(), 3, 2}, 3);
   EXPECT_EQ(L2.offsets, (std::vector<int64_t>{0, 2, 4, 6}));
@@ -444,17 +443,25 @@ TEST(FocusAttentionBench, JsonKeysErrorsAndSkippedRuns) {
   EXPECT_LT(j["density"].get<double>(), 1.0);
   EXPECT_LT(j["max_err_fused"].get<double>(), 1e-5);
   EXPECT_LT(j["max_err_twocall"].get<double>(), 1e-5);
-  EXPECT_GT(j["speedup_fused"].get<double>(), 0.0);
+  // Derived numbers agree with the timings they come from.
+  auto ratio = [&](const char* a, const char* b) { return j[a].get<double>() / j[b].get<double>(); };
+  EXPECT_DOUBLE_EQ(j["speedup_fused"].get<double>(), ratio("dense_ms", "fused_ms"));
+  EXPECT_DOUBLE_EQ(j["speedup_twocall"].get<double>(), ratio("dense_ms", "twocall_ms"));
+  const double causal_pairs = 700.0 * 701 / 2, flop_per_pair = 4.0 * o.dim * o.heads;
+  EXPECT_NEAR(j["gflops_dense"].get<double>() * j["dense_ms"].get<double>() * 1e6 / flop_per_pair, causal_pairs,
+              1e-6 * causal_pairs);
+  EXPECT_NEAR(j["gflops_fused"].get<double>() * j["fused_ms"].get<double>() * 1e6 / flop_per_pair,
+              j["density"].get<double>() * causal_pairs, 1e-6 * causal_pairs);
   EXPECT_TRUE(j["dense_tiles_ms"].is_null());
   // Decoding: the last row from the cache against the reference; fewer keys read than cached.
   EXPECT_EQ(j["decode_tokens"].get<int64_t>(), 32);
   EXPECT_LT(j["max_err_decode"].get<double>(), 1e-5);
   EXPECT_GT(j["decode_keys_per_token"].get<double>(), (double)o.window);
   EXPECT_LT(j["decode_keys_per_token"].get<double>(), (double)o.n);
-  EXPECT_GT(j["speedup_decode"].get<double>(), 0.0);
+  EXPECT_DOUBLE_EQ(j["speedup_decode"].get<double>(), ratio("decode_dense_us", "decode_focus_us"));
   // Dense through the Focus decode kernel (every key) gives what the dense flash kernel gives.
   EXPECT_LT(j["max_err_decode_dense_split"].get<double>(), 1e-5);
-  EXPECT_GT(j["speedup_decode_same_kernel"].get<double>(), 0.0);
+  EXPECT_DOUBLE_EQ(j["speedup_decode_same_kernel"].get<double>(), ratio("decode_dense_split_us", "decode_focus_us"));
   o.dense_tiles = true;
   o.decode = 0;
   ASSERT_EQ(focus::run_attention_bench(o, &j), 0);
@@ -466,4 +473,30 @@ TEST(FocusAttentionBench, JsonKeysErrorsAndSkippedRuns) {
   EXPECT_TRUE(j["dense_ms"].is_null());
   EXPECT_TRUE(j["speedup_fused"].is_null());
   EXPECT_TRUE(j["dense_tiles_ms"].is_null());
+}
+
+TEST(FocusAttentionBench, DensityIsTheExactPairCount) {
+  // Window 1, no sinks, top-1: a token sees exactly the earlier members of its own group (and
+  // itself). The benchmark's router is exactly balanced (5 groups of 140 of 700 tokens), so
+  // whatever the permutation there are 5 * 140 * 141 / 2 visible pairs of 700 * 701 / 2.
+  focus::AttnBenchOptions o;
+  o.n = 700;
+  o.heads = 2;
+  o.kv_heads = 1;
+  o.dim = 8;
+  o.window = 1;
+  o.groups = 5;
+  o.topk = 1;
+  o.reps = 1;
+  o.dense_reps = 0;
+  o.dense_tiles = false;
+  o.decode = 0;
+  for (const uint64_t seed : {1, 2}) {
+    o.seed = seed;
+    nlohmann::json j;
+    ASSERT_EQ(focus::run_attention_bench(o, &j), 0);
+    EXPECT_DOUBLE_EQ(j["density"].get<double>(), (5.0 * 140 * 141 / 2) / (700.0 * 701 / 2));
+    EXPECT_DOUBLE_EQ(j["load_max_over_mean"].get<double>(), 1.0);
+    EXPECT_LT(j["max_err_fused"].get<double>(), 1e-5);
+  }
 }

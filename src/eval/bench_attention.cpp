@@ -13,6 +13,7 @@
 
 #include "core/error.h"
 #include "core/threads.h"
+#include "focus/balancing.h"
 #include "focus/focus_cache.h"
 #include "focus/group_layout.h"
 #include "kernels/cpu/cached_attention.h"
@@ -94,7 +95,7 @@ int run_attention_bench(const AttnBenchOptions& opt, nlohmann::json* result) {
     fill_random(v, opt.seed * 3 + 2);
     const std::vector<int32_t> ids = balanced_routing(n, opt.groups, opt.topk, opt.seed);
     const Routing routing{ids.data(), opt.groups, opt.topk};
-    const double load = build_group_layout(routing, n).load_max_over_mean();
+    const double load = group_load_stats(ids.data(), n, opt.topk, opt.groups).max_over_mean;
 
     FocusAttnShape s;
     s.n = n;

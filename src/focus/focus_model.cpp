@@ -162,9 +162,16 @@ FocusRouters load_focus(const std::string& dir, const ModelConfig& c) {
   FocusRouters f;
   f.settings = s;
   f.router_of_layer.assign(c.layers, -1);
-  for (const auto& lv : j.at("layers")) {
+  FOCUS_CHECK(j.contains("layers") && j["layers"].is_array(), jp, ": 'layers' must be an array of layer ids");
+  for (const auto& lv : j["layers"]) {
+    FOCUS_CHECK(lv.is_number_integer(), jp, ": layer id ", lv.dump(), " is not an integer");
     const int64_t l = lv.get<int64_t>();
     FOCUS_CHECK(l >= 0 && l < c.layers, jp, ": layer ", l, " out of range");
+    FOCUS_CHECK(f.router_of_layer[l] < 0, jp, ": layer ", l, " is listed twice");
+    // Inference routes only global layers (forward() skips the others): a router on a
+    // sliding-window layer would be trained but never used.
+    FOCUS_CHECK(c.layer_window[l] == 0, jp, ": layer ", l, " is a sliding-window layer (window ",
+                c.layer_window[l], "); routers belong on global attention layers only");
     const std::string p = "layers." + std::to_string(l) + ".";
     RouterConfig rc;
     rc.dim = c.dim;

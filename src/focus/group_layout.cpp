@@ -1,7 +1,5 @@
 #include "focus/group_layout.h"
 
-#include <algorithm>
-
 #include "core/error.h"
 
 namespace focus {
@@ -35,13 +33,6 @@ GroupLayout build_group_layout(const Routing& r, int64_t n) {
   L.members.resize(total);
   for (int64_t e = 0; e < total; ++e) L.members[next[r.ids[e]]++] = (int32_t)(e / r.topk);
   return L;
-}
-
-double GroupLayout::load_max_over_mean() const {
-  if (n_groups == 0 || members.empty()) return 0.0;
-  int64_t mx = 0;
-  for (int64_t g = 0; g < n_groups; ++g) mx = std::max(mx, size(g));
-  return (double)mx * n_groups / (double)members.size();
 }
 
 }  // namespace focus

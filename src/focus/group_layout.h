@@ -4,6 +4,7 @@
 // every group g, its member tokens in increasing original position (a stable counting sort),
 // so a group's members form a packed sequence (like FlashAttention's cu_seqlens): segment g is
 // members[offsets[g] .. offsets[g + 1]). With topk = 2 a token appears in both of its groups.
+// The load metric of a routing (largest over mean group size) is group_load_stats in balancing.h.
 #pragma once
 #include <cstdint>
 #include <span>
@@ -29,8 +30,6 @@ struct GroupLayout {
   std::span<const int32_t> group(int64_t g) const {
     return {members.data() + offsets[g], (size_t)size(g)};
   }
-  // Largest group size over mean group size (1 = perfectly balanced).
-  double load_max_over_mean() const;
 };
 
 // Checks the routing (ids in range, sorted, distinct; topk 1 or 2) and builds the layout in

@@ -91,9 +91,16 @@ std::unique_ptr<Model> load_gguf(const std::string& path, const LoadOptions& opt
   c.rope_theta = (float)f.get_float(key("rope.freq_base"), 10000.0);
   c.head_dim = f.get_int(key("attention.key_length"), 0);
   c.rope_dim = f.get_int(key("rope.dimension_count"), 0);
-  FOCUS_CHECK(f.get_int(key("attention.value_length"), c.head_dim ? c.head_dim : 0) ==
-                  (c.head_dim ? c.head_dim : f.get_int(key("attention.value_length"), 0)),
-              path, ": key and value head sizes differ; not supported");
+  {
+    // The key head size is attention.key_length, or embedding_length / head_count without it; the
+    // value head size (attention.value_length, default: the key head size) must equal it.
+    const int64_t k_len = c.head_dim ? c.head_dim : c.heads > 0 ? c.dim / c.heads : 0;
+    const int64_t v_len = f.get_int(key("attention.value_length"), k_len);
+    const std::string k_from =
+        c.head_dim ? key("attention.key_length") : key("embedding_length") + " / " + key("attention.head_count");
+    FOCUS_CHECK(v_len == k_len, path, ": ", key("attention.value_length"), " is ", v_len, " but the key head size (",
+                k_from, ") is ", k_len, "; different key and value head sizes are not supported");
+  }
   const io::GGUFTensor& emb = f.tensor("token_embd.weight");
   FOCUS_CHECK(emb.ne.size() == 2 && emb.ne[0] == c.dim, path, ": token_embd.weight has the wrong shape");
   c.vocab = emb.ne[1];
@@ -106,8 +113,7 @@ std::unique_ptr<Model> load_gguf(const std::string& path, const LoadOptions& opt
     c.rope_theta_local = 10000.f;
     // GGUF norm weights of Gemma already include the +1 offset of Gemma's RMSNorm.
   }
-  apply_arch_defaults(c);
-  if (c.arch == Arch::Gemma3) c.attn_scale = 1.0f / std::sqrt((float)c.head_dim);
+  apply_arch_defaults(c);  // attn_scale: 1 / sqrt(head_dim), Gemma 3 included
   check_config(c, path);
 
   std::map<std::string, int> type_count;

@@ -6,7 +6,7 @@
 
 #include "core/error.h"
 #include "eval/perplexity.h"
-#include "focus/sinkhorn.h"
+#include "focus/balancing.h"
 #include "io/safetensors.h"
 #include "io/safetensors_writer.h"
 #include "train/backward.h"
@@ -47,13 +47,33 @@ ValidResult valid_from_json(const json& j) {
   return v;
 }
 
-// The settings a checkpoint must share with the run that resumes it.
+// The settings a checkpoint must share with the run that resumes it: everything that shapes the
+// trained routers (data, optimizer, schedule, router shape, balancing) or the recorded validation
+// (files, windows, hard top-k).
 json run_identity(const Model& m, const RetrofitOptions& o) {
-  return {{"model", m.path},          {"train", o.train},           {"ctx", o.ctx},
-          {"steps", o.steps},         {"batch", o.batch},           {"warmup", o.warmup},
-          {"lr", o.adam.lr},          {"window", o.focus.window},   {"sinks", o.focus.sinks},
-          {"groups", o.focus.groups}, {"dg", o.focus.dg},           {"tau", o.focus.tau},
-          {"seed", o.seed},           {"balance", balance_name(o.balance)}, {"balance_weight", o.balance_weight},
+  return {{"model", m.path},
+          {"train", o.train},
+          {"valid", o.valid},
+          {"valid_windows", o.valid_windows},
+          {"ctx", o.ctx},
+          {"steps", o.steps},
+          {"batch", o.batch},
+          {"warmup", o.warmup},
+          {"lr", o.adam.lr},
+          {"weight_decay", o.adam.weight_decay},
+          {"betas", {o.adam.beta1, o.adam.beta2}},
+          {"adam_eps", o.adam.eps},
+          {"grad_clip", o.adam.grad_clip},
+          {"window", o.focus.window},
+          {"sinks", o.focus.sinks},
+          {"groups", o.focus.groups},
+          {"dg", o.focus.dg},
+          {"topk", o.focus.topk},
+          {"tau", o.focus.tau},
+          {"learn_tau", o.focus.learn_tau},
+          {"seed", o.seed},
+          {"balance", balance_name(o.balance)},
+          {"balance_weight", o.balance_weight},
           {"init", o.init}};
 }
 
@@ -121,18 +141,25 @@ RetrofitResult run_retrofit(const Model& m, const RetrofitOptions& o) {
   std::vector<BiasBalancer> balancers;
   if (o.balance == Balance::Bias)
     for (size_t r = 0; r < f.routers.size(); ++r)
-      balancers.emplace_back(f.settings.groups, o.balance_weight, 0.9f, BiasRule::kSign);
+      balancers.emplace_back(f.settings.groups, o.balance_weight, 0.9f);
 
   // Auxiliary balancing inside the backward pass: SwAV targets from Sinkhorn over the window's
   // scores (no gradient), cross-entropy against p; or load observation for the bias rule.
+  // The SwAV loss value (before weighting) is summed over a step's windows and routers and
+  // logged as their mean ("swav_loss" in metrics.jsonl and the result).
   const float swav_scale = o.balance_weight / (float)o.batch;
+  double swav_sum = 0;
+  int64_t swav_terms = 0;
   RouterAuxHook hook = nullptr;
   if (o.balance == Balance::Swav)
     hook = [&](int64_t r, const RouterCache& rc, float* ds) {
       const int64_t n = rc.n, G = f.settings.groups;
       std::vector<float> q(n * G);
       sinkhorn_forward(rc.s.data(), n, G, 1.0f, 3, q.data());
-      swav_loss_backward(rc.s.data(), f.routers[r].bias.data(), q.data(), n, G, swav_scale, ds);
+      const float* bias = f.routers[r].bias.data();
+      swav_sum += swav_loss_forward(rc.s.data(), bias, q.data(), n, G);
+      ++swav_terms;
+      swav_loss_backward(rc.s.data(), bias, q.data(), n, G, swav_scale, ds);
     };
   else if (o.balance == Balance::Bias)
     hook = [&](int64_t r, const RouterCache& rc, float*) { balancers[r].observe_soft(rc.p.data(), rc.n); };
@@ -150,6 +177,14 @@ RetrofitResult run_retrofit(const Model& m, const RetrofitOptions& o) {
   task.after_step = [&] {
     for (size_t r = 0; r < balancers.size(); ++r) balancers[r].update(f.routers[r].bias.data());
   };
+  double last_swav = 0;
+  if (o.balance == Balance::Swav)
+    task.step_metrics = [&](json& line) {
+      last_swav = swav_terms > 0 ? swav_sum / (double)swav_terms : 0.0;
+      line["swav_loss"] = last_swav;
+      swav_sum = 0;
+      swav_terms = 0;
+    };
   task.validate = [&](ValidPhase phase, int64_t step, const json& before) {
     if (phase == ValidPhase::Initial) {
       std::fprintf(stderr, "[retrofit] validating the pretrained model and the initial routers...\n");
@@ -191,6 +226,7 @@ RetrofitResult run_retrofit(const Model& m, const RetrofitOptions& o) {
   const TrainLoopResult lr = run_train_loop(m, o, d, task);
   RetrofitResult res;
   res.router_params = f.n_params();
+  res.swav_loss = last_swav;
   res.before = valid_from_json(lr.before);
   if (!lr.interrupted) res.after = valid_from_json(lr.after);
   static_cast<TrainStats&>(res) = lr;

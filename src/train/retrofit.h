@@ -34,6 +34,9 @@ struct ValidResult {
 struct RetrofitResult : TrainStats {
   ValidResult before, after;  // before: the initial (random) routers; after: the trained ones
   int64_t router_params = 0;
+  // With Balance::Swav: the SwAV loss (cross-entropy of p against the Sinkhorn targets, before
+  // balance_weight) of the last step this run took, mean over its windows and routers; else 0.
+  double swav_loss = 0;
 };
 
 // Validation perplexities of the pretrained model, the sliding-window baseline (with_pretrained)

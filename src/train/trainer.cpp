@@ -75,6 +75,23 @@ void save_checkpoint(const std::string& path, const TrainTask& task, const AdamW
   io::save_safetensors(path, t, {{"focus_checkpoint", meta.dump()}});
 }
 
+// The settings in which a checkpoint's identity and this run's differ, e.g.
+// "weight_decay: checkpoint 0, this run 0.1".
+std::string identity_diff(const json& saved, const json& now) {
+  if (!saved.is_object()) return "checkpoint identity: " + saved.dump();
+  std::string d;
+  auto add = [&](const std::string& key, const std::string& a, const std::string& b) {
+    d += (d.empty() ? "" : "; ") + key + ": checkpoint " + a + ", this run " + b;
+  };
+  for (const auto& [key, v] : now.items()) {
+    if (!saved.contains(key)) add(key, "(not recorded)", v.dump());
+    else if (saved[key] != v) add(key, saved[key].dump(), v.dump());
+  }
+  for (const auto& [key, v] : saved.items())
+    if (!now.contains(key)) add(key, v.dump(), "(not a setting)");
+  return d;
+}
+
 Checkpoint load_checkpoint(const std::string& path, TrainTask& task, AdamWState& st) {
   io::SafetensorsFile file(path);
   const json& md = file.metadata();
@@ -86,8 +103,8 @@ Checkpoint load_checkpoint(const std::string& path, TrainTask& task, AdamWState&
     fail(path, ": malformed checkpoint metadata: ", e.what());
   }
   if (meta["identity"] != task.identity)
-    fail(path, ": the checkpoint was made with other settings; resume with the same flags (checkpoint: ",
-         meta["identity"].dump(), ")");
+    fail(path, ": the checkpoint was made with other settings (", identity_diff(meta["identity"], task.identity),
+         "); resume with the same flags");
   Checkpoint c;
   try {
     c.step = meta.at("step").get<int64_t>();
@@ -210,8 +227,15 @@ TrainLoopResult run_train_loop(const Model& m, const TrainOptions& o, const Trai
     run_tokens += tokens_per_step;
     const double run_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - run_start).count();
     const double train_nll = loss / tokens_per_step;
-    log({{"step", step}, {"loss", train_nll}, {"lr", lr}, {"grad_norm", gnorm}, {"train_tokens", ck.train_tokens},
-         {"seconds", elapsed()}, {"tokens_per_s", run_tokens / std::max(run_s, 1e-9)}});
+    json line = {{"step", step},
+                 {"loss", train_nll},
+                 {"lr", lr},
+                 {"grad_norm", gnorm},
+                 {"train_tokens", ck.train_tokens},
+                 {"seconds", elapsed()},
+                 {"tokens_per_s", run_tokens / std::max(run_s, 1e-9)}};
+    if (task.step_metrics) task.step_metrics(line);
+    log(line);
     if (o.progress) {
       char extra[128];
       std::snprintf(extra, sizeof(extra), "loss %.4f lr %.2e  %.0f tok/s", train_nll, lr,

@@ -63,6 +63,8 @@ struct TrainTask {
   // per block, sized like it).
   std::function<double(const TrainWindow& w, float loss_scale, std::vector<std::vector<float>>& grads)> loss_and_grad;
   std::function<void()> after_step;  // optional: after each optimizer update
+  // Optional: adds the task's own fields to the metrics.jsonl line of the step just taken.
+  std::function<void(nlohmann::json& line)> step_metrics;
   // Validation metrics as a JSON object (logged under "valid"). `before` is the initial result
   // (null in the Initial phase).
   std::function<nlohmann::json(ValidPhase phase, int64_t step, const nlohmann::json& before)> validate;

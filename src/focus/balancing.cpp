@@ -1,4 +1,4 @@
-#include "focus/sinkhorn.h"
+#include "focus/balancing.h"
 
 #include <algorithm>
 #include <cmath>
@@ -24,22 +24,6 @@ void log_softmax_row(const float* s, const float* bias, int64_t g, float* out) {
   for (int64_t c = 0; c < g; ++c) sum += std::exp(out[c] - mx);
   const float lse = mx + (float)std::log(sum);
   for (int64_t c = 0; c < g; ++c) out[c] -= lse;
-}
-
-// The k best entries of v [G] (ties: lower index) among those with allowed[c], best first into out.
-// Returns how many were found (< k when fewer are allowed).
-int best_k(const float* v, const uint8_t* allowed, int64_t g, int k, int32_t* out) {
-  int cnt = 0;
-  for (; cnt < k; ++cnt) {
-    int best = -1;
-    for (int64_t c = 0; c < g; ++c) {
-      if (!allowed[c] || std::find(out, out + cnt, (int32_t)c) != out + cnt) continue;
-      if (best < 0 || v[c] > v[best]) best = (int)c;
-    }
-    if (best < 0) break;
-    out[cnt] = best;
-  }
-  return cnt;
 }
 
 }  // namespace
@@ -119,8 +103,7 @@ void swav_loss_backward(const float* s, const float* bias, const float* q, int64
   }
 }
 
-BiasBalancer::BiasBalancer(int64_t g, float lr_, float decay_, BiasRule rule_)
-    : num_groups(g), lr(lr_), decay(decay_), rule(rule_) {
+BiasBalancer::BiasBalancer(int64_t g, float lr_, float decay_) : num_groups(g), lr(lr_), decay(decay_) {
   FOCUS_CHECK(g >= 1, "BiasBalancer: number of groups must be >= 1, got ", g);
   FOCUS_CHECK(decay_ >= 0.f && decay_ < 1.f, "BiasBalancer: decay must be in [0, 1), got ", decay_);
 }
@@ -163,61 +146,12 @@ void BiasBalancer::update(float* bias) const {
   double bmean = 0.0;
   for (int64_t c = 0; c < num_groups; ++c) {
     const double d = load[c] - mean;
-    const double step = rule == BiasRule::kSign ? (d > 0 ? 1.0 : d < 0 ? -1.0 : 0.0) : d / mean;
+    const double step = d > 0 ? 1.0 : d < 0 ? -1.0 : 0.0;
     bias[c] -= (float)(lr * step);
     bmean += bias[c];
   }
   bmean /= num_groups;
   for (int64_t c = 0; c < num_groups; ++c) bias[c] -= (float)bmean;
-}
-
-void capacity_route_causal(const float* logits, const float* bias, int64_t n, int64_t g, int k, float slack,
-                           int32_t* groups) {
-  check_nk("capacity_route_causal", n, g);
-  FOCUS_CHECK(k >= 1 && k <= g, "capacity_route_causal: k must be in [1, G=", g, "], got ", k);
-  FOCUS_CHECK(slack >= 0.f, "capacity_route_causal: slack must be >= 0, got ", slack);
-  std::vector<int64_t> count(g, 0);
-  std::vector<uint8_t> allowed(g);
-  std::vector<float> neg_load(g), row(g);
-  for (int64_t i = 0; i < n; ++i) {
-    for (int64_t c = 0; c < g; ++c) row[c] = logits[i * g + c] + (bias ? bias[c] : 0.f);
-    const double cap = (double)k * (double)i / (double)g * (1.0 + slack) + 1.0;
-    for (int64_t c = 0; c < g; ++c) allowed[c] = (double)count[c] < cap;
-    int32_t* out = groups + i * k;
-    int got = best_k(row.data(), allowed.data(), g, k, out);
-    if (got < k) {
-      // Fill from the least-loaded remaining groups (ties: better logit, then lower index).
-      for (int64_t c = 0; c < g; ++c) allowed[c] = std::find(out, out + got, (int32_t)c) == out + got;
-      for (int64_t c = 0; c < g; ++c) neg_load[c] = -(float)count[c];
-      while (got < k) {
-        int best = -1;
-        for (int64_t c = 0; c < g; ++c) {
-          if (!allowed[c]) continue;
-          if (best < 0 || neg_load[c] > neg_load[best] ||
-              (neg_load[c] == neg_load[best] && row[c] > row[best]))
-            best = (int)c;
-        }
-        allowed[best] = false;
-        out[got++] = best;
-      }
-    }
-    std::sort(out, out + k);
-    for (int t = 0; t < k; ++t) ++count[out[t]];
-  }
-}
-
-void sinkhorn_assign_noncausal_for_analysis(const float* logits, int64_t n, int64_t g, int k, float scale,
-                                            int iters, int32_t* groups) {
-  check_nk("sinkhorn_assign_noncausal_for_analysis", n, g);
-  FOCUS_CHECK(k >= 1 && k <= g, "sinkhorn_assign_noncausal_for_analysis: k must be in [1, G=", g, "], got ", k);
-  std::vector<float> q(n * g);
-  sinkhorn_forward(logits, n, g, scale, iters, q.data());
-  const std::vector<uint8_t> all(g, 1);
-  for (int64_t i = 0; i < n; ++i) {
-    int32_t* out = groups + i * k;
-    best_k(q.data() + i * g, all.data(), g, k, out);
-    std::sort(out, out + k);
-  }
 }
 
 GroupLoadStats group_load_stats(const int32_t* groups, int64_t n, int64_t k, int64_t g) {

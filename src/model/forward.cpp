@@ -41,9 +41,9 @@ void norm(const ModelConfig& c, const float* x, const float* w, const float* b, 
 }
 
 // The attention shape of a Focus layer over n tokens of this model.
-FocusAttnShape focus_shape(const ModelConfig& c, const FocusSettings& fs, int64_t n) {
-  FocusAttnShape s;
-  s.n = n;
+cpu::AttnShape focus_shape(const ModelConfig& c, const FocusSettings& fs, int64_t n) {
+  cpu::AttnShape s;
+  s.n_q = s.n_kv = n;
   s.heads = c.heads;
   s.kv_heads = c.kv_heads;
   s.head_dim = c.head_dim;
@@ -51,8 +51,10 @@ FocusAttnShape focus_shape(const ModelConfig& c, const FocusSettings& fs, int64_
   s.kv_stride = c.kv_dim();
   s.o_stride = c.q_dim();
   s.scale = c.attn_scale;
-  s.window = fs.window;
+  s.local_window = fs.window;
   s.sinks = fs.sinks;
+  s.groups = fs.groups;
+  s.eps = fs.eps;
   return s;
 }
 
@@ -85,8 +87,8 @@ void focus_attention_layer(const ModelConfig& c, int64_t layer, const FocusRoute
                            float* att, int64_t T, FocusStats* stats) {
   const FocusSettings& fs = F.settings;
   if (fs.mode == FocusMode::Window) {
-    const FocusAttnShape s = focus_shape(c, fs, T);
-    focus_window_attention(q, k, v, att, nullptr, s);
+    const cpu::AttnShape s = focus_shape(c, fs, T);
+    cpu::focus_window_attention(q, k, v, att, nullptr, s);
     if (stats) {
       const double w = (double)std::min(fs.window, T), S = (double)std::min(fs.sinks, T);
       // Window pairs, plus sink keys j < S outside the window of rows i >= w.
@@ -99,28 +101,18 @@ void focus_attention_layer(const ModelConfig& c, int64_t layer, const FocusRoute
     return;
   }
   if (fs.mode == FocusMode::Soft) {
-    SoftAttnShape s;
-    s.n = T;
-    s.heads = c.heads;
-    s.kv_heads = c.kv_heads;
-    s.head_dim = c.head_dim;
-    s.groups = fs.groups;
-    s.window = fs.window;
-    s.sinks = fs.sinks;
-    s.scale = c.attn_scale;
-    s.eps = fs.eps;
-    soft_attention_forward(q, k, v, rc.p.data(), att, nullptr, s);
+    cpu::soft_attention_forward(q, k, v, rc.p.data(), att, nullptr, focus_shape(c, fs, T));
     return;
   }
   const Routing routing{groups.data(), fs.groups, fs.topk};
-  const FocusAttnShape s = focus_shape(c, fs, T);
-  focus_attention_fused(q, k, v, att, nullptr, s, routing);
+  const cpu::AttnShape s = focus_shape(c, fs, T);
+  cpu::focus_attention_fused(q, k, v, att, nullptr, s, routing);
   if (stats && stats->groups) {
     if ((int64_t)stats->groups->size() < c.layers) stats->groups->resize(c.layers);
     (*stats->groups)[layer] = groups;
   }
   if (stats) {
-    stats->computed_pairs += (double)focus_pair_count(routing, T, fs.window, fs.sinks);
+    stats->computed_pairs += (double)cpu::focus_pair_count(routing, T, fs.window, fs.sinks);
     stats->causal_pairs += 0.5 * (double)T * (double)(T + 1);
     const GroupLoadStats g = group_load_stats(groups.data(), T, fs.topk, fs.groups);
     stats->load_max_over_mean = std::max(stats->load_max_over_mean, g.max_over_mean);
@@ -186,9 +178,9 @@ void forward(const Model& m, const int32_t* ids, int64_t T, KVCache& cache, floa
                               att.data(), T, stats);
       } else {
         const FocusSettings& fs = focus->settings;
-        const int64_t pairs = focus_cached_attention(q.data(), cache.k[l].data(), cache.v[l].data(), att.data(),
-                                                     focus_shape(c, fs, pos0 + T), pos0, T, fs.mode, cache.focus[l],
-                                                     fs.eps);
+        const int64_t pairs = cpu::focus_cached_attention(q.data(), cache.k[l].data(), cache.v[l].data(),
+                                                          att.data(), focus_shape(c, fs, pos0 + T), pos0, T, fs.mode,
+                                                          cache.focus[l], fs.eps);
         if (stats && fs.mode != FocusMode::Soft) {
           stats->computed_pairs += (double)pairs;
           stats->causal_pairs += (double)T * (double)pos0 + 0.5 * (double)T * (double)(T + 1);
@@ -224,7 +216,7 @@ void forward(const Model& m, const int32_t* ids, int64_t T, KVCache& cache, floa
   }
   norm(c, x, m.w.out_norm, m.w.out_norm_b, x, T);
   cache.len = pos0 + T;
-  focus_attention_trim_scratch(kAttentionScratchKept);
+  cpu::focus_attention_trim_scratch(kAttentionScratchKept);
 }
 
 void compute_logits(const Model& m, const float* hidden, int64_t rows, float* logits) {

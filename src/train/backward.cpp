@@ -66,14 +66,14 @@ void norm_bwd(const ModelConfig& c, const float* x, const float* w, const float*
     cpu::layernorm_backward(x, w, dy, dx, rows, c.dim, c.norm_eps, accumulate);
 }
 
-SoftAttnShape attn_shape(const ModelConfig& c, const FocusRouters& f, int64_t l, int64_t T) {
-  SoftAttnShape s;
-  s.n = T;
+cpu::AttnShape attn_shape(const ModelConfig& c, const FocusRouters& f, int64_t l, int64_t T) {
+  cpu::AttnShape s;
+  s.n_q = s.n_kv = T;
   s.heads = c.heads;
   s.kv_heads = c.kv_heads;
   s.head_dim = c.head_dim;
   s.groups = f.settings.groups;
-  s.window = f.settings.window;
+  s.local_window = f.settings.window;
   s.sinks = f.settings.sinks;
   s.scale = c.attn_scale;
   s.eps = f.settings.eps;
@@ -160,8 +160,8 @@ void layer_forward(const Model& m, const Parts& P, int64_t l, int64_t T, const f
   }
   const RouterParams* rp = router_of(f, l);
   if (rp) router_forward(*rp, A.xn1.data(), T, A.rc);
-  soft_attention_forward(A.q.data(), A.k.data(), A.v.data(), rp ? A.rc.p.data() : nullptr, A.att.data(),
-                         A.lse.data(), attn_shape(c, f, l, T));
+  cpu::soft_attention_forward(A.q.data(), A.k.data(), A.v.data(), rp ? A.rc.p.data() : nullptr, A.att.data(),
+                              A.lse.data(), attn_shape(c, f, l, T));
 
   // Attention projection and residual: h1 = x_in + post_norm(att Wo^T + bo).
   std::vector<float>& a = c.post_norms ? A.a_pre : A.h1;
@@ -256,9 +256,9 @@ void layer_backward(const Model& m, const Parts& P, const TrainableSet& ts, int6
   S.dk.assign(T * KD, 0.f);
   S.dv.assign(T * KD, 0.f);
   if (rp) S.dp.assign(T * G, 0.f);
-  soft_attention_backward(A.q.data(), A.k.data(), A.v.data(), rp ? A.rc.p.data() : nullptr, A.att.data(),
-                          A.lse.data(), S.datt.data(), S.dq.data(), S.dk.data(), S.dv.data(),
-                          rp ? S.dp.data() : nullptr, attn_shape(c, f, l, T));
+  cpu::soft_attention_backward(A.q.data(), A.k.data(), A.v.data(), rp ? A.rc.p.data() : nullptr, A.att.data(),
+                               A.lse.data(), S.datt.data(), S.dq.data(), S.dk.data(), S.dv.data(),
+                               rp ? S.dp.data() : nullptr, attn_shape(c, f, l, T));
   if (c.rope_dim > 0) {
     const float theta = c.layer_window[l] > 0 ? c.rope_theta_local : c.rope_theta;
     cpu::rope_backward(S.dq.data(), T, c.heads, c.head_dim, c.rope_dim, 0, theta, c.rope_style);

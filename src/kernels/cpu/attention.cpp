@@ -19,7 +19,9 @@ using namespace tiles;
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
 // First key position visible from query position p (the last one is p itself).
-inline int64_t key_lo(int64_t p, int64_t window) { return window > 0 ? std::max<int64_t>(0, p - window + 1) : 0; }
+inline int64_t key_lo(int64_t p, int64_t sliding_window) {
+  return sliding_window > 0 ? std::max<int64_t>(0, p - sliding_window + 1) : 0;
+}
 
 // ---------------------------------------------------------------------------------------------
 // Key and value tiles. A key tile is stored transposed, kt [hdp][kBk]; a value tile as rows,
@@ -156,14 +158,14 @@ void run_query_tile(QueryTile* t, int64_t g, const float* q, float* o, float* ls
     t[x].reset(rows);
     for (int r = 0; r < rows; ++r) t[x].load_row(r, q + (t0 + r) * s.q_stride + (h0 + x) * hd, hd, s.scale);
   }
-  const int64_t j_first = key_lo(p_first, s.window), j_last = std::min(p_last, s.n_kv - 1);
+  const int64_t j_first = key_lo(p_first, s.sliding_window), j_last = std::min(p_last, s.n_kv - 1);
   Spans sp;
   for (int64_t tt = j_first / kBk; j_first <= j_last && tt <= j_last / kBk; ++tt) {
     const int64_t j0 = tt * kBk;
     int r0 = rows, r1 = 0;
     for (int r = 0; r < rows; ++r) {
       const int64_t p = p_first + r;
-      sp.lo[r] = (int)std::clamp<int64_t>(key_lo(p, s.window) - j0, 0, kBk);
+      sp.lo[r] = (int)std::clamp<int64_t>(key_lo(p, s.sliding_window) - j0, 0, kBk);
       sp.hi[r] = (int)std::clamp<int64_t>(std::min(p, s.n_kv - 1) + 1 - j0, 0, kBk);
       if (sp.lo[r] < sp.hi[r]) r0 = std::min(r0, r), r1 = r + 1;
     }
@@ -263,7 +265,7 @@ void attention_streamed(const float* q, const float* k, const float* v, float* o
 void flash_attention(const float* q, const float* k, const float* v, float* o, float* lse, const AttnShape& s) {
   if (s.n_q <= 0) return;
   // Key tiles any row sees: from the first row's first key to the last row's last key.
-  const int64_t j_first = key_lo(s.q_pos0, s.window), j_last = std::min(s.q_pos0 + s.n_q - 1, s.n_kv - 1);
+  const int64_t j_first = key_lo(s.q_pos0, s.sliding_window), j_last = std::min(s.q_pos0 + s.n_q - 1, s.n_kv - 1);
   const int64_t tile0 = j_first / kBk, n_tiles = j_first <= j_last ? j_last / kBk - tile0 + 1 : 0;
   // Both paths give the same bits; packing once pays off from a few query tiles on.
   if (s.n_q > kBq && n_tiles > 0)
@@ -281,7 +283,7 @@ void attention_reference(const float* q, const float* k, const float* v, float* 
       const float* qr = q + t * s.q_stride + h * hd;
       const int64_t kvh = h / group;
       double mx = -INFINITY;
-      const int64_t lo = key_lo(p, s.window), hi = std::min<int64_t>(p, s.n_kv - 1);
+      const int64_t lo = key_lo(p, s.sliding_window), hi = std::min<int64_t>(p, s.n_kv - 1);
       for (int64_t j = lo; j <= hi; ++j) {
         const float* kr = k + j * s.kv_stride + kvh * hd;
         double d = 0;

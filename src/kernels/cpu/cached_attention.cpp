@@ -8,11 +8,11 @@
 #include "core/error.h"
 #include "kernels/cpu/simd.h"
 
-namespace focus {
+namespace focus::cpu {
 
 namespace {
 
-using namespace cpu::simd;
+using namespace simd;
 
 float dot(const float* a, const float* b, int64_t d) {
   int64_t x = 0;
@@ -33,11 +33,11 @@ struct RowKeys {
   std::vector<int32_t> merged;
 };
 
-void row_keys(int64_t i, const FocusAttnShape& s, FocusMode mode, const FocusLayerCache& fc, float eps, RowKeys& rk) {
+void row_keys(int64_t i, const AttnShape& s, FocusMode mode, const FocusLayerCache& fc, float eps, RowKeys& rk) {
   auto& idx = rk.idx;
   idx.clear();
   rk.bias.clear();
-  const int64_t lo = std::max<int64_t>(0, i - s.window + 1);  // the window: lo .. i
+  const int64_t lo = std::max<int64_t>(0, i - s.local_window + 1);  // the window: lo .. i
   const int64_t far_from = std::min(s.sinks, lo);              // sinks 0 .. far_from-1 lie before it
   if (mode == FocusMode::Soft) {
     const int64_t G = fc.groups;
@@ -82,7 +82,7 @@ void row_keys(int64_t i, const FocusAttnShape& s, FocusMode mode, const FocusLay
 }
 
 // One (row, head): softmax over the listed keys, times their values.
-void row_head(const float* qh, const float* k, const float* v, float* oh, const FocusAttnShape& s, int64_t kvh,
+void row_head(const float* qh, const float* k, const float* v, float* oh, const AttnShape& s, int64_t kvh,
               const RowKeys& rk, std::vector<float>& sc) {
   const int64_t n = (int64_t)rk.idx.size(), D = s.head_dim;
   sc.resize(n);
@@ -112,7 +112,7 @@ void row_head(const float* qh, const float* k, const float* v, float* oh, const 
 // slice and one key/value head, loads every key and value row of the slice once for all the
 // query heads that share it, and leaves a partial softmax (max, sum, weighted values) per head.
 // The partials are merged in slice order, so the result does not depend on the thread count.
-void decode_row(const float* q, const float* k, const float* v, float* o, const FocusAttnShape& s,
+void decode_row(const float* q, const float* k, const float* v, float* o, const AttnShape& s,
                 const RowKeys& rk) {
   constexpr int64_t kSlice = 256;
   const int64_t n = (int64_t)rk.idx.size(), D = s.head_dim, KV = s.kv_heads, per_kv = s.heads / s.kv_heads;
@@ -178,10 +178,10 @@ void decode_row(const float* q, const float* k, const float* v, float* o, const 
 
 }  // namespace
 
-int64_t focus_cached_attention(const float* q, const float* k, const float* v, float* o, const FocusAttnShape& s,
+int64_t focus_cached_attention(const float* q, const float* k, const float* v, float* o, const AttnShape& s,
                                int64_t pos0, int64_t t, FocusMode mode, const FocusLayerCache& fc, float eps) {
 
-  FOCUS_CHECK(s.heads % s.kv_heads == 0 && s.window >= 1 && s.sinks >= 0 && pos0 >= 0 && t >= 1,
+  FOCUS_CHECK(s.heads % s.kv_heads == 0 && s.local_window >= 1 && s.sinks >= 0 && pos0 >= 0 && t >= 1,
               "focus_cached_attention: bad shape");
   const int64_t end = pos0 + t;
   if (mode == FocusMode::Hard)
@@ -215,4 +215,4 @@ int64_t focus_cached_attention(const float* q, const float* k, const float* v, f
   return pairs;
 }
 
-}  // namespace focus
+}  // namespace focus::cpu

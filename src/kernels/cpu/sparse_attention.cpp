@@ -10,13 +10,12 @@
 #include <vector>
 
 #include "core/error.h"
-#include "kernels/cpu/attention_tiles.h"
+#include "kernels/cpu/tile_engine.h"
 
 namespace focus::cpu {
 namespace {
 
 using namespace tiles;
-constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
 void check_shape(const AttnShape& s) {
   FOCUS_CHECK(s.n_q >= 0 && s.n_q < (int64_t{1} << 31), "focus attention: token count ", s.n_q, " out of range");
@@ -282,19 +281,12 @@ void merge_states(int64_t n, int64_t heads, int64_t hd, StateRef a, StateRef b, 
   for (int64_t i = 0; i < n; ++i) {
     for (int64_t h = 0; h < heads; ++h) {
       const float la = a.lse[h * a.lse_n + i], lb = b.lse[h * b.lse_n + i];
-      const float mx = std::max(la, lb);
       const float* oa = a.o + i * a.ostride + h * hd;
       const float* ob = b.o + i * b.ostride + h * hd;
       float* od = dst.o + i * dst.ostride + h * hd;
-      if (mx == kNegInf) {
-        std::fill(od, od + hd, 0.f);
-        if (dst.lse) dst.lse[h * dst.lse_n + i] = kNegInf;
-        continue;
-      }
-      const float wa = std::exp(la - mx), wb = std::exp(lb - mx), inv = 1.f / (wa + wb);
-      const float ca = wa * inv, cb = wb * inv;
-      for (int64_t d = 0; d < hd; ++d) od[d] = ca * oa[d] + cb * ob[d];
-      if (dst.lse) dst.lse[h * dst.lse_n + i] = mx + std::log(wa + wb);
+      const Partial parts[2] = {{la, 1.f, oa}, {lb, 1.f, ob}};  // od may be oa: partial 0
+      const float l = merge_partials(2, hd, od, [&](int64_t c) { return parts[c]; });
+      if (dst.lse) dst.lse[h * dst.lse_n + i] = l;
     }
   }
 }

@@ -37,13 +37,13 @@ double median_seconds(F f, int reps) {
 
 nlohmann::json bench_soft_attention(int64_t n, int reps) {
   FOCUS_CHECK(n >= 1 && reps >= 1, "soft attention benchmark: need n >= 1 and reps >= 1");
-  SoftAttnShape s;
-  s.n = n;
+  cpu::AttnShape s;
+  s.n_q = s.n_kv = n;
   s.heads = 9;
   s.kv_heads = 3;
   s.head_dim = 64;
   s.groups = 16;
-  s.window = 64;
+  s.local_window = 64;
   s.sinks = 1;
   s.scale = 1.f / std::sqrt((float)s.head_dim);
   std::mt19937 rng(700);
@@ -63,10 +63,10 @@ nlohmann::json bench_soft_attention(int64_t n, int reps) {
   for (const bool bias : {false, true}) {
     const float* pp = bias ? p.data() : nullptr;
     const double tf = median_seconds(
-        [&] { soft_attention_forward(q.data(), k.data(), v.data(), pp, o.data(), lse.data(), s); }, reps);
+        [&] { cpu::soft_attention_forward(q.data(), k.data(), v.data(), pp, o.data(), lse.data(), s); }, reps);
     const double tb = median_seconds(
         [&] {
-          soft_attention_backward(q.data(), k.data(), v.data(), pp, o.data(), lse.data(), w.data(), dq.data(),
+          cpu::soft_attention_backward(q.data(), k.data(), v.data(), pp, o.data(), lse.data(), w.data(), dq.data(),
                                   dk.data(), dv.data(), bias ? dp.data() : nullptr, s);
         },
         reps);
@@ -81,7 +81,7 @@ nlohmann::json bench_soft_attention(int64_t n, int reps) {
                     {"backward_gflops", gb}});
   }
   return {{"n", n}, {"heads", s.heads}, {"kv_heads", s.kv_heads}, {"head_dim", s.head_dim},
-          {"groups", s.groups}, {"window", s.window}, {"sinks", s.sinks}, {"runs", rows}};
+          {"groups", s.groups}, {"window", s.local_window}, {"sinks", s.sinks}, {"runs", rows}};
 }
 
 }  // namespace focus

@@ -176,24 +176,24 @@ TEST(FocusModel, ForwardFreesLargeAttentionScratchAndKeepsSmall) {
   }
   std::vector<int32_t> gid(n);
   for (int64_t i = 0; i < n; ++i) gid[i] = (int32_t)(i % groups);
-  FocusAttnShape s;
-  s.n = n;
+  cpu::AttnShape s;
+  s.n_q = s.n_kv = n;
   s.heads = heads;
   s.kv_heads = 1;
   s.head_dim = hd;
   s.q_stride = s.o_stride = row;
   s.kv_stride = hd;
-  s.window = 16;
+  s.local_window = 16;
   s.sinks = 1;
-  focus_attention_two_call(q.data(), k.data(), v.data(), o.data(), nullptr, s, Routing{gid.data(), groups, 1});
-  ASSERT_GT(focus_attention_scratch_bytes(), kAttentionScratchKept);
+  cpu::focus_attention_two_call(q.data(), k.data(), v.data(), o.data(), nullptr, s, Routing{gid.data(), groups, 1});
+  ASSERT_GT(cpu::focus_attention_scratch_bytes(), kAttentionScratchKept);
 
   FocusRouters f = random_routers(*m, FocusMode::Hard, 16, 1);
   const auto ids = some_ids(200, m->cfg.vocab, 9);
   const auto a = run(*m, ids, &f);
-  EXPECT_EQ(focus_attention_scratch_bytes(), 0u) << "a pass ending above the limit frees the scratch";
+  EXPECT_EQ(cpu::focus_attention_scratch_bytes(), 0u) << "a pass ending above the limit frees the scratch";
   const auto b = run(*m, ids, &f);
-  const size_t kept = focus_attention_scratch_bytes();
+  const size_t kept = cpu::focus_attention_scratch_bytes();
   EXPECT_GT(kept, 0u) << "a short pass keeps its own scratch for the next call";
   EXPECT_LE(kept, kAttentionScratchKept);
   EXPECT_EQ(a, b);

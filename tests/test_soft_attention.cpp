@@ -15,7 +15,7 @@
 #include "kernels/cpu/soft_attention.h"
 #include "kernels/cpu/attention.h"
 
-using focus::SoftAttnShape;
+using focus::cpu::AttnShape;
 
 namespace {
 
@@ -25,11 +25,11 @@ using VF = std::vector<float>;
 // ---- float64 reference ---------------------------------------------------------------------
 // Same layouts as the kernel: q [N,H,Dh], k/v [N,HKV,Dh], p [N,G] (empty: no bias).
 struct Ref {
-  SoftAttnShape s;
+  AttnShape s;
   bool visible(int64_t i, int64_t j) const {
     return j <= i && (s.sliding_window <= 0 || i - j < s.sliding_window);
   }
-  bool biased(int64_t i, int64_t j) const { return i - j >= s.window && j >= s.sinks; }
+  bool biased(int64_t i, int64_t j) const { return i - j >= s.local_window && j >= s.sinks; }
   double affinity(const VD& p, int64_t i, int64_t j) const {  // sum_g p_ig p_jg + eps
     double a = 0;
     for (int64_t g = 0; g < s.groups; ++g) a += p[i * s.groups + g] * p[j * s.groups + g];
@@ -49,7 +49,7 @@ struct Ref {
     }
   }
   void forward(const VD& q, const VD& k, const VD& v, const VD& p, VD& o, VD& lse) const {
-    const int64_t n = s.n, H = s.heads, hd = s.head_dim, gs = s.heads / s.kv_heads;
+    const int64_t n = s.n_q, H = s.heads, hd = s.head_dim, gs = s.heads / s.kv_heads;
     o.assign(n * H * hd, 0.0);
     lse.assign(H * n, 0.0);
     VD sc(n);
@@ -70,7 +70,7 @@ struct Ref {
   // dp_ig += dS_ij p_jg / A_ij and dp_jg += dS_ij p_ig / A_ij on biased pairs (summed over heads).
   void backward(const VD& q, const VD& k, const VD& v, const VD& p, const VD& dout, VD& dq, VD& dk, VD& dv,
                 VD& dp) const {
-    const int64_t n = s.n, H = s.heads, KVH = s.kv_heads, hd = s.head_dim, gs = H / KVH, G = s.groups;
+    const int64_t n = s.n_q, H = s.heads, KVH = s.kv_heads, hd = s.head_dim, gs = H / KVH, G = s.groups;
     dq.assign(n * H * hd, 0.0);
     dk.assign(n * KVH * hd, 0.0);
     dv.assign(n * KVH * hd, 0.0);
@@ -113,19 +113,19 @@ struct Inputs {
   VF q, k, v, p, w;  // w: weights of the scalar loss L = sum(w * o)
 };
 
-Inputs make_inputs(const SoftAttnShape& s, bool with_p, uint32_t seed) {
+Inputs make_inputs(const AttnShape& s, bool with_p, uint32_t seed) {
   std::mt19937 rng(seed);
   std::normal_distribution<float> nd(0.f, 1.f);
   Inputs in;
-  in.q.resize(s.n * s.heads * s.head_dim);
-  in.k.resize(s.n * s.kv_heads * s.head_dim);
+  in.q.resize(s.n_q * s.heads * s.head_dim);
+  in.k.resize(s.n_q * s.kv_heads * s.head_dim);
   in.v.resize(in.k.size());
   in.w.resize(in.q.size());
   for (auto* t : {&in.q, &in.k, &in.v, &in.w})
     for (auto& x : *t) x = nd(rng);
   if (with_p) {  // rows of a softmax over random logits, as the router produces
-    in.p.resize(s.n * s.groups);
-    for (int64_t i = 0; i < s.n; ++i) {
+    in.p.resize(s.n_q * s.groups);
+    for (int64_t i = 0; i < s.n_q; ++i) {
       double sum = 0;
       for (int64_t g = 0; g < s.groups; ++g) sum += in.p[i * s.groups + g] = std::exp(2.f * nd(rng));
       for (int64_t g = 0; g < s.groups; ++g) in.p[i * s.groups + g] /= (float)sum;
@@ -153,21 +153,21 @@ double rel_err(const VD& got, const VD& want) {
   return den > 0 ? num / den : num;
 }
 
-SoftAttnShape shape(int64_t n, int64_t H, int64_t KVH, int64_t hd, int64_t G, int64_t w, int64_t S) {
-  SoftAttnShape s;
-  s.n = n;
+AttnShape shape(int64_t n, int64_t H, int64_t KVH, int64_t hd, int64_t G, int64_t w, int64_t S) {
+  AttnShape s;
+  s.n_q = s.n_kv = n;
   s.heads = H;
   s.kv_heads = KVH;
   s.head_dim = hd;
   s.groups = G;
-  s.window = w;
+  s.local_window = w;
   s.sinks = S;
   s.scale = 1.f / std::sqrt((float)hd);
   return s;
 }
 
 // ---- float64: analytic backward against central differences ---------------------------------
-void check_reference_gradients(const SoftAttnShape& s, bool with_p, uint32_t seed) {
+void check_reference_gradients(const AttnShape& s, bool with_p, uint32_t seed) {
   const Inputs in = make_inputs(s, with_p, seed);
   const Ref ref{s};
   VD q = to_d(in.q), k = to_d(in.k), v = to_d(in.v), p = to_d(in.p), w = to_d(in.w);
@@ -208,16 +208,16 @@ void check_reference_gradients(const SoftAttnShape& s, bool with_p, uint32_t see
 }
 
 // ---- fp32 kernel against the float64 reference ---------------------------------------------
-void check_kernel(const SoftAttnShape& s, bool with_p, uint32_t seed) {
-  SCOPED_TRACE(::testing::Message() << "n " << s.n << " H " << s.heads << "/" << s.kv_heads << " hd " << s.head_dim
-                                    << " G " << s.groups << " w " << s.window << " S " << s.sinks << " sliding "
+void check_kernel(const AttnShape& s, bool with_p, uint32_t seed) {
+  SCOPED_TRACE(::testing::Message() << "n " << s.n_q << " H " << s.heads << "/" << s.kv_heads << " hd " << s.head_dim
+                                    << " G " << s.groups << " w " << s.local_window << " S " << s.sinks << " sliding "
                                     << s.sliding_window << (with_p ? " bias" : " no bias"));
   const Inputs in = make_inputs(s, with_p, seed);
   const float* pp = with_p ? in.p.data() : nullptr;
-  VF o(in.q.size()), lse(s.heads * s.n);
-  focus::soft_attention_forward(in.q.data(), in.k.data(), in.v.data(), pp, o.data(), lse.data(), s);
+  VF o(in.q.size()), lse(s.heads * s.n_q);
+  focus::cpu::soft_attention_forward(in.q.data(), in.k.data(), in.v.data(), pp, o.data(), lse.data(), s);
   VF dq(in.q.size(), 0.f), dk(in.k.size(), 0.f), dv(in.v.size(), 0.f), dp(in.p.size(), 0.f);
-  focus::soft_attention_backward(in.q.data(), in.k.data(), in.v.data(), pp, o.data(), lse.data(), in.w.data(),
+  focus::cpu::soft_attention_backward(in.q.data(), in.k.data(), in.v.data(), pp, o.data(), lse.data(), in.w.data(),
                                  dq.data(), dk.data(), dv.data(), with_p ? dp.data() : nullptr, s);
 
   const Ref ref{s};
@@ -246,7 +246,7 @@ TEST(SoftAttentionReference, BackwardMatchesFiniteDifferences) {
   check_reference_gradients(shape(20, 4, 2, 4, 3, 16, 2), true, 4); // window 16, sinks
   check_reference_gradients(shape(6, 4, 2, 8, 4, 0, 0), true, 5);   // window 0: every pair biased
   check_reference_gradients(shape(9, 4, 2, 8, 4, 1, 0), false, 6);  // no bias
-  SoftAttnShape sw = shape(12, 2, 1, 4, 4, 2, 1);
+  AttnShape sw = shape(12, 2, 1, 4, 4, 2, 1);
   sw.sliding_window = 5;  // sliding-window layer
   check_reference_gradients(sw, true, 7);
 }
@@ -265,7 +265,7 @@ TEST(SoftAttentionKernel, NoBiasAndEdgeShapes) {
   check_kernel(shape(130, 3, 3, 64, 16, 0, 0), true, 301);   // MHA, window 0, G = 16
   check_kernel(shape(129, 8, 1, 80, 5, 64, 1), true, 302);   // MQA 8/1, head_dim 80, window = tile
   check_kernel(shape(200, 2, 1, 8, 20, 100, 3), true, 303);  // G > 16 (two vectors), tiny head_dim
-  SoftAttnShape sw = shape(200, 4, 2, 16, 4, 8, 2);
+  AttnShape sw = shape(200, 4, 2, 16, 4, 8, 2);
   sw.sliding_window = 70;
   check_kernel(sw, true, 304);
   sw.sliding_window = 1;
@@ -275,11 +275,11 @@ TEST(SoftAttentionKernel, NoBiasAndEdgeShapes) {
 TEST(SoftAttentionKernel, WithoutBiasEqualsDenseFlashKernel) {
   for (int64_t n : {1, 7, 65, 130, 300})
     for (int64_t sliding : {0, 16, 100}) {
-      SoftAttnShape s = shape(n, 4, 2, 64, 4, 16, 2);
+      AttnShape s = shape(n, 4, 2, 64, 4, 16, 2);
       s.sliding_window = sliding;
       const Inputs in = make_inputs(s, false, 400 + n);
       VF o1(in.q.size()), o2(in.q.size()), l1(4 * n), l2(4 * n);
-      focus::soft_attention_forward(in.q.data(), in.k.data(), in.v.data(), nullptr, o1.data(), l1.data(), s);
+      focus::cpu::soft_attention_forward(in.q.data(), in.k.data(), in.v.data(), nullptr, o1.data(), l1.data(), s);
       const focus::cpu::AttnShape a{n, n, 0, 4, 2, 64, 4 * 64, 2 * 64, 4 * 64, s.scale, sliding};
       focus::cpu::flash_attention(in.q.data(), in.k.data(), in.v.data(), o2.data(), l2.data(), a);
       for (size_t i = 0; i < o1.size(); ++i) ASSERT_NEAR(o1[i], o2[i], 1e-6) << "n " << n << " sliding " << sliding;
@@ -289,36 +289,36 @@ TEST(SoftAttentionKernel, WithoutBiasEqualsDenseFlashKernel) {
 
 TEST(SoftAttentionKernel, CausalExactly) {
   // Changing q/k/v/p of tokens after i leaves o and lse at positions <= i bit-for-bit unchanged.
-  const SoftAttnShape s = shape(150, 4, 2, 32, 4, 16, 2);
+  const AttnShape s = shape(150, 4, 2, 32, 4, 16, 2);
   const Inputs base = make_inputs(s, true, 500);
-  VF o0(base.q.size()), l0(4 * s.n);
-  focus::soft_attention_forward(base.q.data(), base.k.data(), base.v.data(), base.p.data(), o0.data(), l0.data(), s);
+  VF o0(base.q.size()), l0(4 * s.n_q);
+  focus::cpu::soft_attention_forward(base.q.data(), base.k.data(), base.v.data(), base.p.data(), o0.data(), l0.data(), s);
   std::mt19937 rng(501);
   std::normal_distribution<float> nd(0.f, 3.f);
   for (int64_t i : {0, 5, 63, 64, 100, 148}) {
     Inputs in = base;
     const int64_t qs = s.heads * s.head_dim, ks = s.kv_heads * s.head_dim;
-    for (int64_t j = i + 1; j < s.n; ++j) {
+    for (int64_t j = i + 1; j < s.n_q; ++j) {
       for (int64_t e = 0; e < qs; ++e) in.q[j * qs + e] = nd(rng);
       for (int64_t e = 0; e < ks; ++e) in.k[j * ks + e] = nd(rng), in.v[j * ks + e] = nd(rng);
       for (int64_t g = 0; g < s.groups; ++g) in.p[j * s.groups + g] = std::fabs(nd(rng));
     }
-    VF o(base.q.size()), l(4 * s.n);
-    focus::soft_attention_forward(in.q.data(), in.k.data(), in.v.data(), in.p.data(), o.data(), l.data(), s);
+    VF o(base.q.size()), l(4 * s.n_q);
+    focus::cpu::soft_attention_forward(in.q.data(), in.k.data(), in.v.data(), in.p.data(), o.data(), l.data(), s);
     EXPECT_EQ(0, std::memcmp(o.data(), o0.data(), (i + 1) * qs * sizeof(float))) << "outputs up to " << i;
     for (int64_t h = 0; h < s.heads; ++h)
-      EXPECT_EQ(0, std::memcmp(l.data() + h * s.n, l0.data() + h * s.n, (i + 1) * sizeof(float))) << "lse up to " << i;
+      EXPECT_EQ(0, std::memcmp(l.data() + h * s.n_q, l0.data() + h * s.n_q, (i + 1) * sizeof(float))) << "lse up to " << i;
   }
 }
 
 TEST(SoftAttentionKernel, BackwardIsDeterministicAndAccumulates) {
-  const SoftAttnShape s = shape(300, 4, 2, 64, 4, 16, 2);
+  const AttnShape s = shape(300, 4, 2, 64, 4, 16, 2);
   const Inputs in = make_inputs(s, true, 600);
-  VF o(in.q.size()), lse(4 * s.n);
-  focus::soft_attention_forward(in.q.data(), in.k.data(), in.v.data(), in.p.data(), o.data(), lse.data(), s);
+  VF o(in.q.size()), lse(4 * s.n_q);
+  focus::cpu::soft_attention_forward(in.q.data(), in.k.data(), in.v.data(), in.p.data(), o.data(), lse.data(), s);
   auto run = [&](float init) {
     std::vector<VF> g{VF(in.q.size(), init), VF(in.k.size(), init), VF(in.v.size(), init), VF(in.p.size(), init)};
-    focus::soft_attention_backward(in.q.data(), in.k.data(), in.v.data(), in.p.data(), o.data(), lse.data(),
+    focus::cpu::soft_attention_backward(in.q.data(), in.k.data(), in.v.data(), in.p.data(), o.data(), lse.data(),
                                    in.w.data(), g[0].data(), g[1].data(), g[2].data(), g[3].data(), s);
     return g;
   };
@@ -331,19 +331,19 @@ TEST(SoftAttentionKernel, BackwardIsDeterministicAndAccumulates) {
 
 TEST(SoftAttentionKernel, RejectsBadShapes) {
   VF x(64, 0.1f), o(64);
-  SoftAttnShape s = shape(2, 3, 2, 8, 4, 1, 0);  // 3 heads over 2 kv heads
-  EXPECT_THROW(focus::soft_attention_forward(x.data(), x.data(), x.data(), nullptr, o.data(), nullptr, s),
+  AttnShape s = shape(2, 3, 2, 8, 4, 1, 0);  // 3 heads over 2 kv heads
+  EXPECT_THROW(focus::cpu::soft_attention_forward(x.data(), x.data(), x.data(), nullptr, o.data(), nullptr, s),
                focus::Error);
   s = shape(2, 2, 1, 8, 0, 1, 0);  // p given with G = 0
-  EXPECT_THROW(focus::soft_attention_forward(x.data(), x.data(), x.data(), x.data(), o.data(), nullptr, s),
+  EXPECT_THROW(focus::cpu::soft_attention_forward(x.data(), x.data(), x.data(), x.data(), o.data(), nullptr, s),
                focus::Error);
   s = shape(2, 2, 1, 8, 4, -1, 0);
-  EXPECT_THROW(focus::soft_attention_forward(x.data(), x.data(), x.data(), nullptr, o.data(), nullptr, s),
+  EXPECT_THROW(focus::cpu::soft_attention_forward(x.data(), x.data(), x.data(), nullptr, o.data(), nullptr, s),
                focus::Error);
   s = shape(2, 2, 1, 8, 4, 1, 0);
   VF bad_p(8, 0.25f);
   bad_p[5] = -0.1f;  // probabilities must be non-negative
-  EXPECT_THROW(focus::soft_attention_forward(x.data(), x.data(), x.data(), bad_p.data(), o.data(), nullptr, s),
+  EXPECT_THROW(focus::cpu::soft_attention_forward(x.data(), x.data(), x.data(), bad_p.data(), o.data(), nullptr, s),
                focus::Error);
 }
 

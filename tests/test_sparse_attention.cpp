@@ -18,21 +18,21 @@
 #include "kernels/cpu/sparse_attention.h"
 #include "kernels/cpu/attention.h"
 
-using focus::FocusAttnShape;
+using focus::cpu::AttnShape;
 using focus::Routing;
 
 namespace {
 
 struct Inputs {
-  FocusAttnShape s;
+  AttnShape s;
   std::vector<float> q, k, v;
 };
 
 Inputs make_inputs(int64_t n, int64_t heads, int64_t kv_heads, int64_t hd, int64_t window, int64_t sinks,
                    uint32_t seed, int64_t pad = 0) {
   Inputs in;
-  FocusAttnShape& s = in.s;
-  s.n = n;
+  AttnShape& s = in.s;
+  s.n_q = s.n_kv = n;
   s.heads = heads;
   s.kv_heads = kv_heads;
   s.head_dim = hd;
@@ -40,7 +40,7 @@ Inputs make_inputs(int64_t n, int64_t heads, int64_t kv_heads, int64_t hd, int64
   s.kv_stride = kv_heads * hd + pad;
   s.o_stride = heads * hd + pad;
   s.scale = 1.f / std::sqrt((float)hd);
-  s.window = window;
+  s.local_window = window;
   s.sinks = sinks;
   std::mt19937 rng(seed);
   std::normal_distribution<float> nd(0.f, 1.f);
@@ -81,21 +81,21 @@ struct Out {
 template <class F>
 Out run(F f, const Inputs& in) {
   Out r;
-  r.o.assign(std::max<int64_t>(1, in.s.n * in.s.o_stride), 0.f);
-  r.lse.assign(std::max<int64_t>(1, in.s.heads * in.s.n), 0.f);
+  r.o.assign(std::max<int64_t>(1, in.s.n_q * in.s.o_stride), 0.f);
+  r.lse.assign(std::max<int64_t>(1, in.s.heads * in.s.n_q), 0.f);
   f(in.q.data(), in.k.data(), in.v.data(), r.o.data(), r.lse.data());
   return r;
 }
 
 // Largest |a - b| / max(1, |b|) over outputs (only the head_dim * heads floats of each row) and lse.
-double rel_err(const Out& a, const Out& b, const FocusAttnShape& s) {
+double rel_err(const Out& a, const Out& b, const AttnShape& s) {
   double e = 0;
-  for (int64_t i = 0; i < s.n; ++i)
+  for (int64_t i = 0; i < s.n_q; ++i)
     for (int64_t x = 0; x < s.heads * s.head_dim; ++x) {
       const double u = a.o[i * s.o_stride + x], w = b.o[i * s.o_stride + x];
       e = std::max(e, std::fabs(u - w) / std::max(1.0, std::fabs(w)));
     }
-  for (int64_t i = 0; i < s.heads * s.n; ++i) {
+  for (int64_t i = 0; i < s.heads * s.n_q; ++i) {
     const double u = a.lse[i], w = b.lse[i];
     if (std::isinf(w) || std::isinf(u)) {
       if (u != w) e = INFINITY;
@@ -113,10 +113,10 @@ void check_against_reference(int64_t n, int64_t window, int topk, int64_t kv_hea
   const Inputs in = make_inputs(n, heads, kv_heads, hd, window, sinks, seed, pad);
   const std::vector<int32_t> ids = make_routing(n, topk, G, seed + 1);
   const Routing r{ids.data(), G, topk};
-  const FocusAttnShape& s = in.s;
-  const Out ref = run([&](auto... p) { focus::focus_attention_reference(p..., s, r); }, in);
-  const Out fused = run([&](auto... p) { focus::focus_attention_fused(p..., s, r); }, in);
-  const Out two = run([&](auto... p) { focus::focus_attention_two_call(p..., s, r); }, in);
+  const AttnShape& s = in.s;
+  const Out ref = run([&](auto... p) { focus::cpu::focus_attention_reference(p..., s, r); }, in);
+  const Out fused = run([&](auto... p) { focus::cpu::focus_attention_fused(p..., s, r); }, in);
+  const Out two = run([&](auto... p) { focus::cpu::focus_attention_two_call(p..., s, r); }, in);
   const std::string what = "n " + std::to_string(n) + " w " + std::to_string(window) + " k " +
                            std::to_string(topk) + " kv_heads " + std::to_string(kv_heads) + " sinks " +
                            std::to_string(sinks) + " hd " + std::to_string(hd);
@@ -126,18 +126,19 @@ void check_against_reference(int64_t n, int64_t window, int topk, int64_t kv_hea
 
 // Dense causal attention from the flash kernel (window 0) on the same inputs.
 Out dense_causal(const Inputs& in) {
-  const FocusAttnShape& s = in.s;
-  focus::cpu::AttnShape d{s.n, s.n, 0, s.heads, s.kv_heads, s.head_dim, s.q_stride, s.kv_stride, s.o_stride,
+  const AttnShape& s = in.s;
+  focus::cpu::AttnShape d{s.n_q, s.n_q, 0, s.heads, s.kv_heads, s.head_dim, s.q_stride, s.kv_stride, s.o_stride,
                           s.scale, 0};
   return run([&](auto... p) { focus::cpu::flash_attention(p..., d); }, in);
 }
 
 void check_equals_dense(const Inputs& in, const Routing& r, const char* what) {
   const Out dense = dense_causal(in);
-  const Out fused = run([&](auto... p) { focus::focus_attention_fused(p..., in.s, r); }, in);
-  const Out two = run([&](auto... p) { focus::focus_attention_two_call(p..., in.s, r); }, in);
-  EXPECT_LE(rel_err(fused, dense, in.s), 1e-5) << "fused, " << what << ", n " << in.s.n << " w " << in.s.window;
-  EXPECT_LE(rel_err(two, dense, in.s), 1e-5) << "two-call, " << what << ", n " << in.s.n << " w " << in.s.window;
+  const Out fused = run([&](auto... p) { focus::cpu::focus_attention_fused(p..., in.s, r); }, in);
+  const Out two = run([&](auto... p) { focus::cpu::focus_attention_two_call(p..., in.s, r); }, in);
+  const std::string at = std::string(what) + ", n " + std::to_string(in.s.n_q) + " w " + std::to_string(in.s.local_window);
+  EXPECT_LE(rel_err(fused, dense, in.s), 1e-5) << "fused, " << at;
+  EXPECT_LE(rel_err(two, dense, in.s), 1e-5) << "two-call, " << at;
 }
 
 int64_t brute_pair_count(const Routing& r, int64_t n, int64_t w, int64_t S) {
@@ -182,7 +183,7 @@ TEST(FocusPairCount, MatchesBruteForce) {
         for (int64_t S : {0, 2, 7}) {
           const std::vector<int32_t> ids = make_routing(n, topk, 6, (uint32_t)(n + w + S + topk));
           const Routing r{ids.data(), 6, topk};
-          EXPECT_EQ(focus::focus_pair_count(r, n, w, S), brute_pair_count(r, n, w, S))
+          EXPECT_EQ(focus::cpu::focus_pair_count(r, n, w, S), brute_pair_count(r, n, w, S))
               << "topk " << topk << " n " << n << " w " << w << " S " << S;
         }
 }
@@ -218,18 +219,18 @@ TEST(FocusAttention, ScratchIsKeptThenTrimmed) {
   const Inputs in = make_inputs(2000, 4, 2, 64, 32, 1, 5);
   const std::vector<int32_t> ids = make_routing(2000, 2, 7, 6);
   const Routing r{ids.data(), 7, 2};
-  focus::focus_attention_trim_scratch(0);
-  EXPECT_EQ(focus::focus_attention_scratch_bytes(), 0u);
-  const Out a = run([&](auto... p) { focus::focus_attention_fused(p..., in.s, r); }, in);
-  const Out t = run([&](auto... p) { focus::focus_attention_two_call(p..., in.s, r); }, in);
-  const size_t held = focus::focus_attention_scratch_bytes();
+  focus::cpu::focus_attention_trim_scratch(0);
+  EXPECT_EQ(focus::cpu::focus_attention_scratch_bytes(), 0u);
+  const Out a = run([&](auto... p) { focus::cpu::focus_attention_fused(p..., in.s, r); }, in);
+  const Out t = run([&](auto... p) { focus::cpu::focus_attention_two_call(p..., in.s, r); }, in);
+  const size_t held = focus::cpu::focus_attention_scratch_bytes();
   EXPECT_GE(held, 2 * 2000 * 64 * sizeof(float)) << "key and value tiles of 2000 tokens";
-  focus::focus_attention_trim_scratch(held);  // within the limit: kept
-  EXPECT_EQ(focus::focus_attention_scratch_bytes(), held);
-  focus::focus_attention_trim_scratch(held - 1);
-  EXPECT_EQ(focus::focus_attention_scratch_bytes(), 0u);
-  const Out b = run([&](auto... p) { focus::focus_attention_fused(p..., in.s, r); }, in);
-  const Out t2 = run([&](auto... p) { focus::focus_attention_two_call(p..., in.s, r); }, in);
+  focus::cpu::focus_attention_trim_scratch(held);  // within the limit: kept
+  EXPECT_EQ(focus::cpu::focus_attention_scratch_bytes(), held);
+  focus::cpu::focus_attention_trim_scratch(held - 1);
+  EXPECT_EQ(focus::cpu::focus_attention_scratch_bytes(), 0u);
+  const Out b = run([&](auto... p) { focus::cpu::focus_attention_fused(p..., in.s, r); }, in);
+  const Out t2 = run([&](auto... p) { focus::cpu::focus_attention_two_call(p..., in.s, r); }, in);
   EXPECT_EQ(a.o, b.o);
   EXPECT_EQ(a.lse, b.lse);
   EXPECT_EQ(t.o, t2.o);
@@ -273,11 +274,11 @@ TEST(FocusAttention, Causal) {
     Inputs in = make_inputs(n, 4, 2, 32, 16, 2, 99);
     const std::vector<int32_t> ids = make_routing(n, topk, 7, 3);
     const Routing r{ids.data(), 7, topk};
-    const Out f0 = run([&](auto... p) { focus::focus_attention_fused(p..., in.s, r); }, in);
-    const Out c0 = run([&](auto... p) { focus::focus_attention_two_call(p..., in.s, r); }, in);
+    const Out f0 = run([&](auto... p) { focus::cpu::focus_attention_fused(p..., in.s, r); }, in);
+    const Out c0 = run([&](auto... p) { focus::cpu::focus_attention_two_call(p..., in.s, r); }, in);
     for (int64_t i = (t + 1) * in.s.kv_stride; i < n * in.s.kv_stride; ++i) in.k[i] += 3.f, in.v[i] -= 2.f;
-    const Out f1 = run([&](auto... p) { focus::focus_attention_fused(p..., in.s, r); }, in);
-    const Out c1 = run([&](auto... p) { focus::focus_attention_two_call(p..., in.s, r); }, in);
+    const Out f1 = run([&](auto... p) { focus::cpu::focus_attention_fused(p..., in.s, r); }, in);
+    const Out c1 = run([&](auto... p) { focus::cpu::focus_attention_two_call(p..., in.s, r); }, in);
     for (int64_t i = 0; i < (t + 1) * in.s.o_stride; ++i) {
       ASSERT_EQ(f0.o[i], f1.o[i]) << "fused, topk " << topk;
       ASSERT_EQ(c0.o[i], c1.o[i]) << "two-call, topk " << topk;
@@ -290,7 +291,7 @@ TEST(FocusAttention, GroupCallLeavesEmptyRowsAtMinusInfinity) {
   const Inputs in = make_inputs(100, 2, 1, 16, 8, 0, 4);
   const std::vector<int32_t> ids = make_routing(100, 1, 7, 8);
   const Routing r{ids.data(), 7, 1};
-  const Out o2 = run([&](auto... p) { focus::focus_group_attention(p..., in.s, r); }, in);
+  const Out o2 = run([&](auto... p) { focus::cpu::focus_group_attention(p..., in.s, r); }, in);
   for (int64_t i = 0; i < 8; ++i) {
     EXPECT_EQ(o2.lse[i], -INFINITY);
     for (int64_t x = 0; x < in.s.heads * in.s.head_dim; ++x) EXPECT_EQ(o2.o[i * in.s.o_stride + x], 0.f);
@@ -301,7 +302,7 @@ TEST(FocusAttention, MergeHandlesEmptyStates) {
   const float inf = INFINITY;
   std::vector<float> o = {1, 2, 3, 4, 5, 6}, lse = {-inf, 0.f, -inf};
   const std::vector<float> o2 = {7, 8, 9, 10, 11, 12}, lse2 = {-inf, -inf, std::log(3.f)};
-  focus::merge_attention_states(o.data(), lse.data(), 2, o2.data(), lse2.data(), 2, 3, 1, 2);
+  focus::cpu::merge_attention_states(o.data(), lse.data(), 2, o2.data(), lse2.data(), 2, 3, 1, 2);
   EXPECT_EQ(o[0], 0.f);
   EXPECT_EQ(o[1], 0.f);
   EXPECT_EQ(lse[0], -inf);
@@ -318,11 +319,11 @@ TEST(FocusAttention, RejectsBadShapes) {
   const std::vector<int32_t> ids(10, 0);
   const Routing r{ids.data(), 1, 1};
   std::vector<float> o(10 * 32);
-  EXPECT_THROW(focus::focus_attention_fused(in.q.data(), in.k.data(), in.v.data(), o.data(), nullptr, in.s, r),
+  EXPECT_THROW(focus::cpu::focus_attention_fused(in.q.data(), in.k.data(), in.v.data(), o.data(), nullptr, in.s, r),
                focus::Error);  // 4 heads over 3 kv heads
   in.s.kv_heads = 2;
-  in.s.window = 0;
-  EXPECT_THROW(focus::focus_attention_two_call(in.q.data(), in.k.data(), in.v.data(), o.data(), nullptr, in.s, r),
+  in.s.local_window = 0;
+  EXPECT_THROW(focus::cpu::focus_attention_two_call(in.q.data(), in.k.data(), in.v.data(), o.data(), nullptr, in.s, r),
                focus::Error);
 }
 
@@ -341,7 +342,7 @@ TEST(FocusCachedAttention, DecodeAndChunksEqualOneCall) {
         const int64_t hd = topk == 1 ? 20 : 16;  // a head dim with a scalar tail, and one of whole vectors
         const uint32_t seed = (uint32_t)(topk * 31 + kv_heads * 7 + sinks);
         const Inputs in = make_inputs(n, heads, kv_heads, hd, window, sinks, seed);
-        const FocusAttnShape& s = in.s;
+        const AttnShape& s = in.s;
         const std::vector<int32_t> ids = make_routing(n, topk, G, seed + 1);
         const Routing r{ids.data(), G, topk};
         std::mt19937 rng(seed + 2);
@@ -362,17 +363,19 @@ TEST(FocusCachedAttention, DecodeAndChunksEqualOneCall) {
         ASSERT_EQ(fc.members, fresh.members);
         ASSERT_EQ(fc.top, fresh.top);
 
-        focus::SoftAttnShape ss{n, heads, kv_heads, hd, G, window, sinks, s.scale, 1e-6f, 0};
-        const Out ref_hard = run([&](auto... a) { focus::focus_attention_reference(a..., s, r); }, in);
+        AttnShape ss = s;
+        ss.groups = G;
+        ss.eps = 1e-6f;
+        const Out ref_hard = run([&](auto... a) { focus::cpu::focus_attention_reference(a..., s, r); }, in);
         const Out ref_soft = run(
             [&](const float* q, const float* k, const float* v, float* o, float* lse) {
-              focus::soft_attention_forward(q, k, v, p.data(), o, lse, ss);
+              focus::cpu::soft_attention_forward(q, k, v, p.data(), o, lse, ss);
             },
             in);
-        const Out ref_win = run([&](auto... a) { focus::focus_window_attention(a..., s); }, in);
+        const Out ref_win = run([&](auto... a) { focus::cpu::focus_window_attention(a..., s); }, in);
         const std::vector<int32_t> one_group(n * topk, 0);  // everyone in group 0: dense causal
         const Routing dense_routing{one_group.data(), G, 1};
-        const Out ref_dense = run([&](auto... a) { focus::focus_attention_reference(a..., s, dense_routing); }, in);
+        const Out ref_dense = run([&](auto... a) { focus::cpu::focus_attention_reference(a..., s, dense_routing); }, in);
         for (auto [mode, ref] : {std::pair{focus::FocusMode::Hard, &ref_hard}, std::pair{focus::FocusMode::Soft, &ref_soft},
                                  std::pair{focus::FocusMode::Window, &ref_win}, std::pair{focus::FocusMode::Off, &ref_dense}}) {
           Out got;
@@ -386,7 +389,7 @@ TEST(FocusCachedAttention, DecodeAndChunksEqualOneCall) {
             std::copy(in.v.begin(), in.v.begin() + end, v.begin());
             std::fill(k.begin() + end, k.end(), NAN);
             std::fill(v.begin() + end, v.end(), NAN);
-            pairs += focus::focus_cached_attention(in.q.data() + pos0 * s.q_stride, k.data(), v.data(),
+            pairs += focus::cpu::focus_cached_attention(in.q.data() + pos0 * s.q_stride, k.data(), v.data(),
                                                    got.o.data() + pos0 * s.o_stride, s, pos0, t, mode, fc, 1e-6f);
           };
           step(0, 100);
@@ -397,7 +400,7 @@ TEST(FocusCachedAttention, DecodeAndChunksEqualOneCall) {
                                    " head dim " + std::to_string(hd);
           EXPECT_LE(rel_err(got, *ref, s), 1e-5) << what;
           if (mode == focus::FocusMode::Hard) {
-            EXPECT_EQ(pairs, focus::focus_pair_count(r, n, window, sinks)) << what;
+            EXPECT_EQ(pairs, focus::cpu::focus_pair_count(r, n, window, sinks)) << what;
           }
           if (mode == focus::FocusMode::Soft || mode == focus::FocusMode::Off) {
             EXPECT_EQ(pairs, n * (n + 1) / 2) << what;
@@ -414,7 +417,7 @@ TEST(FocusCachedAttention, RejectsMissingRouting) {
   fc.reset(5, 1);
   fc.append(ids.data(), nullptr, 30);  // hard routing of 30 positions, no soft assignments
   auto call = [&](focus::FocusMode mode, int64_t pos0) {
-    focus::focus_cached_attention(in.q.data(), in.k.data(), in.v.data(), o.data(), in.s, pos0, 1, mode, fc, 1e-6f);
+    focus::cpu::focus_cached_attention(in.q.data(), in.k.data(), in.v.data(), o.data(), in.s, pos0, 1, mode, fc, 1e-6f);
   };
   EXPECT_NO_THROW(call(focus::FocusMode::Hard, 29));
   EXPECT_THROW(call(focus::FocusMode::Hard, 30), focus::Error);  // position 30 was never routed

@@ -97,8 +97,8 @@ int run_attention_bench(const AttnBenchOptions& opt, nlohmann::json* result) {
     const Routing routing{ids.data(), opt.groups, opt.topk};
     const double load = group_load_stats(ids.data(), n, opt.topk, opt.groups).max_over_mean;
 
-    FocusAttnShape s;
-    s.n = n;
+    cpu::AttnShape s;
+    s.n_q = s.n_kv = n;
     s.heads = H;
     s.kv_heads = HKV;
     s.head_dim = D;
@@ -106,12 +106,12 @@ int run_attention_bench(const AttnBenchOptions& opt, nlohmann::json* result) {
     s.kv_stride = HKV * D;
     s.o_stride = H * D;
     s.scale = 1.f / std::sqrt((float)D);
-    s.window = opt.window;
+    s.local_window = opt.window;
     s.sinks = opt.sinks;
     const cpu::AttnShape dense_shape{n, n, 0, H, HKV, D, H * D, HKV * D, H * D, s.scale, 0};
 
     const double causal_pairs = (double)n * (n + 1) / 2;
-    const double pairs = (double)focus_pair_count(routing, n, opt.window, opt.sinks);
+    const double pairs = (double)cpu::focus_pair_count(routing, n, opt.window, opt.sinks);
     const double density = pairs / causal_pairs;
     const double flop_per_pair = 4.0 * D * H;
 
@@ -122,7 +122,8 @@ int run_attention_bench(const AttnBenchOptions& opt, nlohmann::json* result) {
     std::vector<float> ref(rows.size() * H * D);
     for (size_t x = 0; x < rows.size(); ++x)
       for (int64_t h = 0; h < H; ++h)
-        focus_attention_reference_row(q.data(), k.data(), v.data(), ref.data() + (x * H + h) * D, s, routing, rows[x], h);
+        cpu::focus_attention_reference_row(q.data(), k.data(), v.data(), ref.data() + (x * H + h) * D, s, routing,
+                                           rows[x], h);
     auto max_err = [&]() {
       double e = 0;
       for (size_t x = 0; x < rows.size(); ++x)
@@ -140,17 +141,19 @@ int run_attention_bench(const AttnBenchOptions& opt, nlohmann::json* result) {
     double tiles_ms = 0;
     const bool have_tiles = dense_reps > 0 && opt.dense_tiles;
     if (have_tiles) {
-      FocusAttnShape sd = s;
-      sd.window = n;
+      cpu::AttnShape sd = s;
+      sd.local_window = n;
       sd.sinks = 0;
-      tiles_ms = time_ms([&] { focus_window_attention(q.data(), k.data(), v.data(), o.data(), lse.data(), sd); },
+      tiles_ms = time_ms([&] { cpu::focus_window_attention(q.data(), k.data(), v.data(), o.data(), lse.data(), sd); },
                          dense_reps, dense_reps > 1 ? 1 : 0);
     }
-    const double fused_ms =
-        time_ms([&] { focus_attention_fused(q.data(), k.data(), v.data(), o.data(), lse.data(), s, routing); }, opt.reps, 1);
+    const double fused_ms = time_ms(
+        [&] { cpu::focus_attention_fused(q.data(), k.data(), v.data(), o.data(), lse.data(), s, routing); }, opt.reps,
+        1);
     const double err_fused = check ? max_err() : 0;
     const double two_ms = time_ms(
-        [&] { focus_attention_two_call(q.data(), k.data(), v.data(), o.data(), lse.data(), s, routing); }, opt.reps, 1);
+        [&] { cpu::focus_attention_two_call(q.data(), k.data(), v.data(), o.data(), lse.data(), s, routing); },
+        opt.reps, 1);
     const double err_two = check ? max_err() : 0;
 
     // Decoding: each of the last `decode` positions as a new token over the cache of all earlier
@@ -167,14 +170,14 @@ int run_attention_bench(const AttnBenchOptions& opt, nlohmann::json* result) {
           [&] {
             keys = 0;
             for (int64_t i = n - n_dec; i < n; ++i)
-              keys += focus_cached_attention(q.data() + i * H * D, k.data(), v.data(), od.data(), s, i, 1,
-                                             FocusMode::Hard, fc, 1e-6f);
+              keys += cpu::focus_cached_attention(q.data() + i * H * D, k.data(), v.data(), od.data(), s, i, 1,
+                                                  FocusMode::Hard, fc, 1e-6f);
           },
           opt.reps, 1);
       dec_keys = (double)keys / (double)n_dec;
       std::vector<float> last(H * D);  // the last row, against the reference
       for (int64_t h = 0; h < H; ++h)
-        focus_attention_reference_row(q.data(), k.data(), v.data(), last.data() + h * D, s, routing, n - 1, h);
+        cpu::focus_attention_reference_row(q.data(), k.data(), v.data(), last.data() + h * D, s, routing, n - 1, h);
       for (int64_t y = 0; y < H * D; ++y) err_dec = std::max(err_dec, (double)std::fabs(od[y] - last[y]));
       dec_dense_ms = time_ms(
           [&] {
@@ -190,8 +193,8 @@ int run_attention_bench(const AttnBenchOptions& opt, nlohmann::json* result) {
       dec_split_ms = time_ms(
           [&] {
             for (int64_t i = n - n_dec; i < n; ++i)
-              focus_cached_attention(q.data() + i * H * D, k.data(), v.data(), od2.data(), s, i, 1, FocusMode::Off,
-                                     fc, 1e-6f);
+              cpu::focus_cached_attention(q.data() + i * H * D, k.data(), v.data(), od2.data(), s, i, 1,
+                                          FocusMode::Off, fc, 1e-6f);
           },
           opt.reps, 1);
       for (int64_t y = 0; y < H * D; ++y) err_split = std::max(err_split, (double)std::fabs(od2[y] - od[y]));

@@ -5,7 +5,7 @@
 #include "core/error.h"
 #include "focus/focus_cache.h"
 #include "focus/group_layout.h"
-#include "focus/sinkhorn.h"
+#include "focus/balancing.h"
 #include "kernels/cpu/attention.h"
 #include "kernels/cpu/cached_attention.h"
 #include "kernels/cpu/soft_attention.h"
@@ -29,9 +29,11 @@ struct RouterTape final : AttentionState {
   void truncate(int64_t) override {}
 };
 
-FocusAttnShape hard_shape(const ModelConfig& c, const FocusSettings& fs, int64_t n) {
-  FocusAttnShape s;
-  s.n = n;
+// The kernels' shape of a Focus layer over n tokens (self-attention from position 0; the cached
+// kernel reads its own pos0 and row count).
+cpu::AttnShape focus_shape(const ModelConfig& c, const FocusSettings& fs, int64_t layer, int64_t n) {
+  cpu::AttnShape s;
+  s.n_q = s.n_kv = n;
   s.heads = c.heads;
   s.kv_heads = c.kv_heads;
   s.head_dim = c.head_dim;
@@ -39,23 +41,11 @@ FocusAttnShape hard_shape(const ModelConfig& c, const FocusSettings& fs, int64_t
   s.kv_stride = c.kv_dim();
   s.o_stride = c.q_dim();
   s.scale = c.attn_scale;
-  s.window = fs.window;
-  s.sinks = fs.sinks;
-  return s;
-}
-
-SoftAttnShape soft_shape(const ModelConfig& c, const FocusSettings& fs, int64_t layer, int64_t n) {
-  SoftAttnShape s;
-  s.n = n;
-  s.heads = c.heads;
-  s.kv_heads = c.kv_heads;
-  s.head_dim = c.head_dim;
-  s.groups = fs.groups;
-  s.window = fs.window;
-  s.sinks = fs.sinks;
-  s.scale = c.attn_scale;
-  s.eps = fs.eps;
   s.sliding_window = c.layer_window[layer];
+  s.local_window = fs.window;
+  s.sinks = fs.sinks;
+  s.groups = fs.groups;
+  s.eps = fs.eps;
   return s;
 }
 
@@ -76,7 +66,7 @@ class WindowAttention final : public AttentionPolicy {
     const int64_t n = a.pos0 + a.T;
     if (n <= fs_.window) return dense_attention().attend(a, state, nullptr);
     if (a.pos0 == 0) {
-      focus_window_attention(a.q, a.k, a.v, a.out, nullptr, hard_shape(c, fs_, a.T));
+      cpu::focus_window_attention(a.q, a.k, a.v, a.out, nullptr, focus_shape(c, fs_, a.layer, a.T));
       if (stats) {
         const int64_t T = a.T;
         const double w = (double)std::min(fs_.window, T);
@@ -89,7 +79,7 @@ class WindowAttention final : public AttentionPolicy {
       return;
     }
     static const FocusLayerCache none;
-    const int64_t pairs = focus_cached_attention(a.q, a.k, a.v, a.out, hard_shape(c, fs_, n), a.pos0, a.T,
+    const int64_t pairs = cpu::focus_cached_attention(a.q, a.k, a.v, a.out, focus_shape(c, fs_, a.layer, n), a.pos0, a.T,
                                                  FocusMode::Window, none, fs_.eps);
     if (stats) add_causal(stats, a.pos0, a.T, (double)pairs);
   }
@@ -134,23 +124,23 @@ class FocusAttention final : public AttentionPolicy {
     const int64_t n = a.pos0 + a.T;
     if (n <= fs_.window) return dense_attention().attend(a, state, nullptr);
     if (a.pos0 > 0) {
-      const int64_t pairs = focus_cached_attention(a.q, a.k, a.v, a.out, hard_shape(c, fs_, n), a.pos0, a.T,
+      const int64_t pairs = cpu::focus_cached_attention(a.q, a.k, a.v, a.out, focus_shape(c, fs_, a.layer, n), a.pos0, a.T,
                                                    fs_.mode, fc, fs_.eps);
       if (stats && !soft) add_causal(stats, a.pos0, a.T, (double)pairs);
       return;
     }
     if (soft) {
-      soft_attention_forward(a.q, a.k, a.v, rc.p.data(), a.out, nullptr, soft_shape(c, fs_, a.layer, a.T));
+      cpu::soft_attention_forward(a.q, a.k, a.v, rc.p.data(), a.out, nullptr, focus_shape(c, fs_, a.layer, a.T));
       return;
     }
     const Routing routing{groups.data(), fs_.groups, fs_.topk};
-    focus_attention_fused(a.q, a.k, a.v, a.out, nullptr, hard_shape(c, fs_, a.T), routing);
+    cpu::focus_attention_fused(a.q, a.k, a.v, a.out, nullptr, focus_shape(c, fs_, a.layer, a.T), routing);
     if (!stats) return;
     if (stats->groups) {
       if ((int64_t)stats->groups->size() < c.layers) stats->groups->resize(c.layers);
       (*stats->groups)[a.layer] = groups;
     }
-    add_causal(stats, 0, a.T, (double)focus_pair_count(routing, a.T, fs_.window, fs_.sinks));
+    add_causal(stats, 0, a.T, (double)cpu::focus_pair_count(routing, a.T, fs_.window, fs_.sinks));
     const GroupLoadStats g = group_load_stats(groups.data(), a.T, fs_.topk, fs_.groups);
     stats->load_max_over_mean = std::max(stats->load_max_over_mean, g.max_over_mean);
   }
@@ -160,8 +150,8 @@ class FocusAttention final : public AttentionPolicy {
     auto t = std::make_unique<RouterTape>();
     router_forward(*rp_, a.xn, a.T, t->rc);
     tape.lse.resize(a.cfg->heads * a.T);
-    soft_attention_forward(a.q, a.k, a.v, t->rc.p.data(), a.out, tape.lse.data(),
-                           soft_shape(*a.cfg, fs_, a.layer, a.T));
+    cpu::soft_attention_forward(a.q, a.k, a.v, t->rc.p.data(), a.out, tape.lse.data(),
+                           focus_shape(*a.cfg, fs_, a.layer, a.T));
     tape.data = std::move(t);
   }
 
@@ -169,8 +159,8 @@ class FocusAttention final : public AttentionPolicy {
                       float* dv) const override {
     auto& t = static_cast<RouterTape&>(*tape.data);
     t.dp.assign(a.T * fs_.groups, 0.f);
-    soft_attention_backward(a.q, a.k, a.v, t.rc.p.data(), a.out, tape.lse.data(), dout, dq, dk, dv, t.dp.data(),
-                            soft_shape(*a.cfg, fs_, a.layer, a.T));
+    cpu::soft_attention_backward(a.q, a.k, a.v, t.rc.p.data(), a.out, tape.lse.data(), dout, dq, dk, dv, t.dp.data(),
+                            focus_shape(*a.cfg, fs_, a.layer, a.T));
   }
 
   void train_backward_input(const AttentionCall& a, AttentionTape& tape, float* dxn) const override {

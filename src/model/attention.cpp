@@ -20,14 +20,19 @@ void AttentionPolicy::train_backward(const AttentionCall& c, AttentionTape& tape
 
 namespace {
 
-// The training kernel's shape for plain causal attention over a window of T tokens.
-SoftAttnShape dense_train_shape(const AttentionCall& c) {
+// The model's own attention over keys 0 .. pos0+T-1 (training: pos0 = 0).
+cpu::AttnShape dense_shape(const AttentionCall& c) {
   const ModelConfig& m = *c.cfg;
-  SoftAttnShape s;
-  s.n = c.T;
+  cpu::AttnShape s;
+  s.n_q = c.T;
+  s.n_kv = c.pos0 + c.T;
+  s.q_pos0 = c.pos0;
   s.heads = m.heads;
   s.kv_heads = m.kv_heads;
   s.head_dim = m.head_dim;
+  s.q_stride = m.q_dim();
+  s.kv_stride = m.kv_dim();
+  s.o_stride = m.q_dim();
   s.scale = m.attn_scale;
   s.sliding_window = m.layer_window[c.layer];
   return s;
@@ -38,21 +43,18 @@ class DenseAttention final : public AttentionPolicy {
   std::string name() const override { return "dense"; }
 
   void attend(const AttentionCall& c, std::unique_ptr<AttentionState>& state, AttentionStats* stats) const override {
-    const ModelConfig& m = *c.cfg;
-    const cpu::AttnShape s{c.T,     c.pos0 + c.T, c.pos0,      m.heads,      m.kv_heads, m.head_dim,
-                           m.q_dim(), m.kv_dim(),  m.q_dim(), m.attn_scale, m.layer_window[c.layer]};
-    cpu::flash_attention(c.q, c.k, c.v, c.out, nullptr, s);
+    cpu::flash_attention(c.q, c.k, c.v, c.out, nullptr, dense_shape(c));
   }
 
   void train_forward(const AttentionCall& c, AttentionTape& tape) const override {
     tape.lse.resize(c.cfg->heads * c.T);
-    soft_attention_forward(c.q, c.k, c.v, nullptr, c.out, tape.lse.data(), dense_train_shape(c));
+    cpu::soft_attention_forward(c.q, c.k, c.v, nullptr, c.out, tape.lse.data(), dense_shape(c));
   }
 
   void train_backward(const AttentionCall& c, AttentionTape& tape, const float* dout, float* dq, float* dk,
                       float* dv) const override {
-    soft_attention_backward(c.q, c.k, c.v, nullptr, c.out, tape.lse.data(), dout, dq, dk, dv, nullptr,
-                            dense_train_shape(c));
+    cpu::soft_attention_backward(c.q, c.k, c.v, nullptr, c.out, tape.lse.data(), dout, dq, dk, dv, nullptr,
+                                 dense_shape(c));
   }
 };
 

@@ -57,7 +57,7 @@ void forward(const Model& m, const int32_t* ids, int64_t T, KVCache& cache, floa
   }
   model_norm(c, x, m.w.out_norm, m.w.out_norm_b, x, T);
   cache.len = pos0 + T;
-  focus_attention_trim_scratch(kAttentionScratchKept);
+  cpu::focus_attention_trim_scratch(kAttentionScratchKept);
 }
 
 void compute_logits(const Model& m, const float* hidden, int64_t rows, float* logits) {

@@ -10,16 +10,17 @@
 #include <utility>
 #include <vector>
 
-#include "kernels/cpu/attention_tiles.h"
+#include "kernels/cpu/tile_engine.h"
 
 namespace focus::cpu {
 namespace {
 
 using namespace tiles;
-constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
 // First key position visible from query position p (the last one is p itself).
-inline int64_t key_lo(int64_t p, int64_t window) { return window > 0 ? std::max<int64_t>(0, p - window + 1) : 0; }
+inline int64_t key_lo(int64_t p, int64_t sliding_window) {
+  return sliding_window > 0 ? std::max<int64_t>(0, p - sliding_window + 1) : 0;
+}
 
 // ---------------------------------------------------------------------------------------------
 // Key and value tiles. A key tile is stored transposed, kt [hdp][kBk]; a value tile as rows,
@@ -59,83 +60,6 @@ void pack_values(const float* v, int64_t stride, int cols, int64_t hd, int64_t h
   }
 }
 
-// ---------------------------------------------------------------------------------------------
-// Visible columns [lo[r], hi[r]) of one key tile for the rows of a query tile. Dense attention
-// gives every row one interval, with both ends nondecreasing in the row.
-struct Spans {
-  int lo[kBq], hi[kBq];
-};
-
-// Turns the scores of rows [rb, rb + nr) in column vectors [cv0, cv1) into probabilities (0 where
-// not visible) and updates the running maxima and sums and the output rows. Always the exact
-// (zero below e^-87) exponential, so a row's bits do not depend on the rows it is blocked with.
-void softmax_block(QueryTile& t, int rb, int nr, const Spans& sp, int cv0, int cv1) {
-  float mx[4] = {};
-  bool live[4] = {};
-  for (int i = 0; i < nr; ++i) {
-    const int r = rb + i, lo = sp.lo[r], hi = sp.hi[r];
-    float* sr = t.s.data() + r * kBk;
-    if (lo >= hi) {  // nothing visible in this tile: contributes zeros, state unchanged
-      std::fill(sr + cv0 * kV, sr + cv1 * kV, 0.f);
-      continue;
-    }
-    const bool full = lo <= cv0 * kV && hi >= cv1 * kV;
-    vf vm = bcast(kNegInf);
-    for (int c = cv0; c < cv1; ++c) {
-      vf x = load(sr + c * kV);
-      if (!full) {
-        const vi col = iota + c * kV;
-        x = select((col >= lo) & (col < hi), x, bcast(kNegInf));
-        store(sr + c * kV, x);
-      }
-      vm = vmax(vm, x);
-    }
-    mx[i] = std::max(t.m[r], hmax(vm));
-    live[i] = true;
-  }
-  vf diff{};
-  for (int i = 0; i < nr; ++i)
-    if (live[i]) diff[i] = t.m[rb + i] - mx[i];
-  const vf alpha = vexp(diff);  // 0 on a row's first visible tile (m = -inf)
-  for (int i = 0; i < nr; ++i) {
-    if (!live[i]) continue;
-    const int r = rb + i;
-    float* sr = t.s.data() + r * kBk;
-    const vf mv = bcast(mx[i]);
-    vf sum{};
-    for (int c = cv0; c < cv1; ++c) {
-      const vf e = vexp(load(sr + c * kV) - mv);
-      store(sr + c * kV, e);
-      sum += e;
-    }
-    const float a = alpha[i];
-    float* lr = t.l.data() + r * kV;
-    store(lr, load(lr) * a + sum);
-    t.m[r] = mx[i];
-    if (a != 1.f) {
-      float* orow = t.o.data() + r * t.hdp;
-      for (int64_t d = 0; d < t.hdp; d += kV) store(orow + d, load(orow + d) * a);
-    }
-  }
-}
-
-// Rows [r0, r1) of the query tile against one key tile, in blocks of 4 rows, each block limited
-// to the column vectors its rows see.
-void visit_tile(QueryTile& t, const float* kt, const float* v, int64_t ldv, int r0, int r1, const Spans& sp) {
-  for (int rb = r0; rb < r1; rb += 4) {
-    const int nr = std::min(4, r1 - rb);
-    int clo = kBk, chi = 0;
-    for (int r = rb; r < rb + nr; ++r)
-      if (sp.lo[r] < sp.hi[r]) clo = std::min(clo, sp.lo[r]), chi = std::max(chi, sp.hi[r]);
-    if (clo >= chi) continue;
-    const int cv0 = clo / kV, cv1 = (chi + kV - 1) / kV;
-    float* sb = t.s.data() + rb * kBk;
-    tile_scores(t.q.data() + rb * t.hdp, t.hdp, nr, kt + cv0 * kV, sb + cv0 * kV, cv1 - cv0);
-    softmax_block(t, rb, nr, sp, cv0, cv1);
-    tile_pv(sb + clo, v + clo * ldv, ldv, nr, chi - clo, t.o.data() + rb * t.hdp, t.hdp);
-  }
-}
-
 // Query tile qb (rows qb * kBq ..) of heads h0 .. h0 + g - 1 (one kv head), with t[0 .. g - 1]:
 // load, visit every key tile the rows see in increasing order, store. tile_of(tt) returns key
 // tile tt (keys tt * kBk ..), called once per tile. The key tiles sit at fixed multiples of kBk
@@ -156,20 +80,21 @@ void run_query_tile(QueryTile* t, int64_t g, const float* q, float* o, float* ls
     t[x].reset(rows);
     for (int r = 0; r < rows; ++r) t[x].load_row(r, q + (t0 + r) * s.q_stride + (h0 + x) * hd, hd, s.scale);
   }
-  const int64_t j_first = key_lo(p_first, s.window), j_last = std::min(p_last, s.n_kv - 1);
-  Spans sp;
+  const int64_t j_first = key_lo(p_first, s.sliding_window), j_last = std::min(p_last, s.n_kv - 1);
+  RowSpan sp[kBq];  // one interval per row, both ends nondecreasing in the row
   for (int64_t tt = j_first / kBk; j_first <= j_last && tt <= j_last / kBk; ++tt) {
     const int64_t j0 = tt * kBk;
     int r0 = rows, r1 = 0;
     for (int r = 0; r < rows; ++r) {
       const int64_t p = p_first + r;
-      sp.lo[r] = (int)std::clamp<int64_t>(key_lo(p, s.window) - j0, 0, kBk);
-      sp.hi[r] = (int)std::clamp<int64_t>(std::min(p, s.n_kv - 1) + 1 - j0, 0, kBk);
-      if (sp.lo[r] < sp.hi[r]) r0 = std::min(r0, r), r1 = r + 1;
+      sp[r].lo0 = (int)std::clamp<int64_t>(key_lo(p, s.sliding_window) - j0, 0, kBk);
+      sp[r].hi0 = (int)std::clamp<int64_t>(std::min(p, s.n_kv - 1) + 1 - j0, 0, kBk);
+      if (sp[r].lo0 < sp[r].hi0) r0 = std::min(r0, r), r1 = r + 1;
     }
     if (r0 >= r1) continue;
     const TileRef ref = tile_of(tt);
-    for (int64_t x = 0; x < g; ++x) visit_tile(t[x], ref.kt, ref.v, ref.ldv, r0, r1, sp);
+    // Always the exact exponential, so a row's bits do not depend on the rows it is blocked with.
+    for (int64_t x = 0; x < g; ++x) t[x].visit<ExpMode::Exact>(ref.kt, ref.v, ref.ldv, r0, r1, sp, nullptr);
   }
   for (int64_t x = 0; x < g; ++x)
     for (int r = 0; r < rows; ++r) {
@@ -263,7 +188,7 @@ void attention_streamed(const float* q, const float* k, const float* v, float* o
 void flash_attention(const float* q, const float* k, const float* v, float* o, float* lse, const AttnShape& s) {
   if (s.n_q <= 0) return;
   // Key tiles any row sees: from the first row's first key to the last row's last key.
-  const int64_t j_first = key_lo(s.q_pos0, s.window), j_last = std::min(s.q_pos0 + s.n_q - 1, s.n_kv - 1);
+  const int64_t j_first = key_lo(s.q_pos0, s.sliding_window), j_last = std::min(s.q_pos0 + s.n_q - 1, s.n_kv - 1);
   const int64_t tile0 = j_first / kBk, n_tiles = j_first <= j_last ? j_last / kBk - tile0 + 1 : 0;
   // Both paths give the same bits; packing once pays off from a few query tiles on.
   if (s.n_q > kBq && n_tiles > 0)
@@ -281,7 +206,7 @@ void attention_reference(const float* q, const float* k, const float* v, float* 
       const float* qr = q + t * s.q_stride + h * hd;
       const int64_t kvh = h / group;
       double mx = -INFINITY;
-      const int64_t lo = key_lo(p, s.window), hi = std::min<int64_t>(p, s.n_kv - 1);
+      const int64_t lo = key_lo(p, s.sliding_window), hi = std::min<int64_t>(p, s.n_kv - 1);
       for (int64_t j = lo; j <= hi; ++j) {
         const float* kr = k + j * s.kv_stride + kvh * hd;
         double d = 0;

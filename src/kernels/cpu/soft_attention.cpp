@@ -10,10 +10,10 @@
 #include "core/error.h"
 #include "kernels/cpu/simd.h"
 
-namespace focus {
+namespace focus::cpu {
 namespace {
 
-using namespace cpu::simd;
+using namespace simd;
 
 constexpr int kB = 64;  // query rows and keys per tile
 constexpr int kBV = kB / kV;  // vectors per tile row
@@ -124,21 +124,21 @@ struct TileInfo {
   bool add() const { return mask || biased; }  // the scores need the additive tile
 };
 
-TileInfo classify(const SoftAttnShape& s, bool has_p, int64_t t0, int nr, int64_t j0, int cols) {
+TileInfo classify(const AttnShape& s, bool has_p, int64_t t0, int nr, int64_t j0, int cols) {
   const int64_t i_lo = t0, i_hi = t0 + nr - 1, j_lo = j0, j_hi = j0 + cols - 1;
   TileInfo info{j_hi > i_lo || cols < kB, false, false};
   if (s.sliding_window > 0 && i_hi - j_lo >= s.sliding_window) info.mask = true;
   if (has_p) {
     const int64_t jb = std::max(j_lo, s.sinks);  // first non-sink key
-    info.biased = jb <= j_hi && i_hi - jb >= s.window;
-    info.all_biased = j_lo >= s.sinks && i_lo - j_hi >= s.window;
+    info.biased = jb <= j_hi && i_hi - jb >= s.local_window;
+    info.all_biased = j_lo >= s.sinks && i_lo - j_hi >= s.local_window;
   }
   return info;
 }
 
 // add [nr, 64] = -inf where masked, log(A + eps) where biased, 0 elsewhere, A = p_q . p_k^T;
 // inv [nr, 64] (if not null) = 1 / (A + eps) where biased and visible, 0 elsewhere.
-void build_tile(const SoftAttnShape& s, const Dims& d, const float* pp, const float* pt, int64_t t0, int nr,
+void build_tile(const AttnShape& s, const Dims& d, const float* pp, const float* pt, int64_t t0, int nr,
                 int64_t j0, int cols, const TileInfo& info, float* add, float* inv) {
   const int64_t kb = j0 / kB;
   if (info.biased) gemm<false>(pp + t0 * d.Gp, d.Gp, pt + kb * d.G * kB, kB, add, kB, nr, (int)d.G, kB, false);
@@ -156,7 +156,7 @@ void build_tile(const SoftAttnShape& s, const Dims& d, const float* pp, const fl
     const int64_t vis_hi = std::clamp<int64_t>(i - j0 + 1, 0, cols);
     const int64_t vis_lo = s.sliding_window > 0 ? std::clamp<int64_t>(i - s.sliding_window + 1 - j0, 0, cols) : 0;
     const int64_t b_lo = info.biased ? std::clamp<int64_t>(s.sinks - j0, 0, kB) : kB;
-    const int64_t b_hi = info.biased ? std::clamp<int64_t>(i - s.window - j0 + 1, 0, kB) : 0;
+    const int64_t b_hi = info.biased ? std::clamp<int64_t>(i - s.local_window - j0 + 1, 0, kB) : 0;
     for (int c = 0; c < kB; ++c) {
       const bool vis = c >= vis_lo && c < vis_hi;
       if (vis && c >= b_lo && c < b_hi) continue;  // biased: keep log(A + eps)
@@ -166,13 +166,19 @@ void build_tile(const SoftAttnShape& s, const Dims& d, const float* pp, const fl
   }
 }
 
-void check_shape(const char* who, const SoftAttnShape& s, bool has_p) {
-  FOCUS_CHECK(s.n >= 0, who, ": negative token count ", s.n);
+void check_shape(const char* who, const AttnShape& s, bool has_p) {
+  FOCUS_CHECK(s.n_q >= 0, who, ": negative token count ", s.n_q);
+  FOCUS_CHECK(s.n_kv == s.n_q && s.q_pos0 == 0, who, ": self-attention needs n_kv == n_q (", s.n_kv, " vs ", s.n_q,
+              ") and q_pos0 == 0 (got ", s.q_pos0, ")");
   FOCUS_CHECK(s.heads >= 1 && s.kv_heads >= 1 && s.heads % s.kv_heads == 0, who, ": heads (", s.heads,
               ") must be a positive multiple of kv_heads (", s.kv_heads, ")");
   FOCUS_CHECK(s.head_dim >= 1, who, ": head_dim must be >= 1, got ", s.head_dim);
-  FOCUS_CHECK(s.window >= 0 && s.sinks >= 0 && s.sliding_window >= 0, who,
-              ": window, sinks and sliding_window must be >= 0");
+  const int64_t qw = s.heads * s.head_dim, kw = s.kv_heads * s.head_dim;
+  FOCUS_CHECK((s.q_stride == 0 || s.q_stride == qw) && (s.o_stride == 0 || s.o_stride == qw) &&
+                  (s.kv_stride == 0 || s.kv_stride == kw),
+              who, ": rows must be contiguous (strides 0 or the row width)");
+  FOCUS_CHECK(s.local_window >= 0 && s.sinks >= 0 && s.sliding_window >= 0, who,
+              ": local_window, sinks and sliding_window must be >= 0");
   FOCUS_CHECK(std::isfinite(s.scale), who, ": scale must be finite");
   if (has_p) {
     FOCUS_CHECK(s.groups >= 1, who, ": groups must be >= 1 when p is given, got ", s.groups);
@@ -181,9 +187,9 @@ void check_shape(const char* who, const SoftAttnShape& s, bool has_p) {
   }
 }
 
-Dims make_dims(const SoftAttnShape& s, bool has_p) {
+Dims make_dims(const AttnShape& s, bool has_p) {
   Dims d;
-  d.n = s.n;
+  d.n = s.n_q;
   d.H = s.heads;
   d.KVH = s.kv_heads;
   d.gs = s.heads / s.kv_heads;
@@ -191,16 +197,16 @@ Dims make_dims(const SoftAttnShape& s, bool has_p) {
   d.hdp = round_up(s.head_dim);
   d.G = has_p ? s.groups : 0;
   d.Gp = has_p ? round_up(s.groups) : 0;
-  d.nb = (s.n + kB - 1) / kB;
+  d.nb = (s.n_q + kB - 1) / kB;
   return d;
 }
 
 // Key tiles a query tile needs: [lo, qb].
-inline int64_t first_key_tile(const SoftAttnShape& s, int64_t t0) {
+inline int64_t first_key_tile(const AttnShape& s, int64_t t0) {
   return s.sliding_window > 0 ? std::max<int64_t>(0, t0 - s.sliding_window + 1) / kB : 0;
 }
 // Query tiles a key tile feeds: [kb, hi].
-inline int64_t last_query_tile(const SoftAttnShape& s, const Dims& d, int64_t kb) {
+inline int64_t last_query_tile(const AttnShape& s, const Dims& d, int64_t kb) {
   if (s.sliding_window <= 0) return d.nb - 1;
   const int64_t j_hi = std::min<int64_t>(d.n, (kb + 1) * kB) - 1;
   return std::min<int64_t>(d.nb - 1, (j_hi + s.sliding_window - 1) / kB);
@@ -209,10 +215,10 @@ inline int64_t last_query_tile(const SoftAttnShape& s, const Dims& d, int64_t kb
 }  // namespace
 
 void soft_attention_forward(const float* q, const float* k, const float* v, const float* p, float* o, float* lse,
-                            const SoftAttnShape& s) {
+                            const AttnShape& s) {
   const bool has_p = p != nullptr;
   check_shape("soft_attention_forward", s, has_p);
-  if (s.n == 0) return;
+  if (s.n_q == 0) return;
   FOCUS_CHECK(q && k && v && o, "soft_attention_forward: null q, k, v or o");
   const Dims d = make_dims(s, has_p);
   const int64_t hdp = d.hdp;
@@ -304,11 +310,11 @@ void soft_attention_forward(const float* q, const float* k, const float* v, cons
 
 void soft_attention_backward(const float* q, const float* k, const float* v, const float* p, const float* o,
                              const float* lse, const float* dout, float* dq, float* dk, float* dv, float* dp,
-                             const SoftAttnShape& s) {
+                             const AttnShape& s) {
   const bool has_p = p != nullptr;
   const bool want_dp = has_p && dp != nullptr;
   check_shape("soft_attention_backward", s, has_p);
-  if (s.n == 0) return;
+  if (s.n_q == 0) return;
   FOCUS_CHECK(q && k && v && o && lse && dout && dq && dk && dv,
               "soft_attention_backward: null q, k, v, o, lse, dout, dq, dk or dv");
   const Dims d = make_dims(s, has_p);
@@ -460,4 +466,4 @@ void soft_attention_backward(const float* q, const float* k, const float* v, con
   }
 }
 
-}  // namespace focus
+}  // namespace focus::cpu

@@ -10,23 +10,25 @@
 #include <vector>
 
 #include "core/error.h"
-#include "kernels/cpu/attention_tiles.h"
+#include "kernels/cpu/tile_engine.h"
 
-namespace focus {
+namespace focus::cpu {
 namespace {
 
-using namespace cpu::tiles;
-constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+using namespace tiles;
 
-void check_shape(const FocusAttnShape& s) {
-  FOCUS_CHECK(s.n >= 0 && s.n < (int64_t{1} << 31), "focus attention: token count ", s.n, " out of range");
+void check_shape(const AttnShape& s) {
+  FOCUS_CHECK(s.n_q >= 0 && s.n_q < (int64_t{1} << 31), "focus attention: token count ", s.n_q, " out of range");
   FOCUS_CHECK(s.heads >= 1 && s.kv_heads >= 1 && s.heads % s.kv_heads == 0, "focus attention: heads ", s.heads,
               " not a multiple of kv_heads ", s.kv_heads);
   FOCUS_CHECK(s.head_dim >= 1, "focus attention: head_dim must be positive");
   FOCUS_CHECK(s.q_stride >= s.heads * s.head_dim && s.o_stride >= s.heads * s.head_dim &&
                   s.kv_stride >= s.kv_heads * s.head_dim,
               "focus attention: row strides smaller than a row");
-  FOCUS_CHECK(s.window >= 1, "focus attention: window must be >= 1, got ", s.window);
+  FOCUS_CHECK(s.n_kv == s.n_q && s.q_pos0 == 0, "focus attention: self-attention needs n_kv == n_q (", s.n_kv,
+              " vs ", s.n_q, ") and q_pos0 == 0 (got ", s.q_pos0, ")");
+  FOCUS_CHECK(s.sliding_window == 0, "focus attention: sliding_window must be 0, got ", s.sliding_window);
+  FOCUS_CHECK(s.local_window >= 1, "focus attention: local_window must be >= 1, got ", s.local_window);
   FOCUS_CHECK(s.sinks >= 0, "focus attention: sinks must be >= 0, got ", s.sinks);
 }
 
@@ -39,8 +41,8 @@ bool share_group(const Routing& r, int64_t i, int64_t j) {
   return false;
 }
 
-bool visible(const FocusAttnShape& s, const Routing& r, int64_t i, int64_t j) {
-  return j <= i && (i - j < s.window || j < s.sinks || share_group(r, i, j));
+bool visible(const AttnShape& s, const Routing& r, int64_t i, int64_t j) {
+  return j <= i && (i - j < s.local_window || j < s.sinks || share_group(r, i, j));
 }
 
 // Prefetches one head's row (hd floats), one touch per 64-byte line; rows of one head are strided
@@ -76,7 +78,7 @@ struct KeyTiles {
   // Fills tile t from kv head kvh; token_of(slot) gives the token at a slot, or -1. Keys go in
   // kV slots at a time: kV rows loaded, transposed in registers, stored as kV rows of kt.
   template <class TokenOf>
-  void fill_tile(int64_t t, const float* k, const float* vv, const FocusAttnShape& s, int64_t kvh, TokenOf token_of) {
+  void fill_tile(int64_t t, const float* k, const float* vv, const AttnShape& s, int64_t kvh, TokenOf token_of) {
     const int64_t hd = s.head_dim, end_slot = n_tiles * kBk;
     float* kt_t = kt.data() + t * hdp * kBk;
     float* v_t = v.data() + t * kBk * hdp;
@@ -164,7 +166,7 @@ struct GroupTileRows {
                        // counted there), else -1
   bool owner[kBq];     // whether this tile computes the row's window and sink part
 
-  void build(const PackedGroups& P, const Routing& r, int64_t g, int64_t t, int64_t window) {
+  void build(const PackedGroups& P, const Routing& r, int64_t g, int64_t t, int64_t local_window) {
     const auto seg = P.layout->group(g);
     const int64_t a0 = t * kBq;
     rows = (int)std::min<int64_t>(kBq, (int64_t)seg.size() - a0);
@@ -172,7 +174,7 @@ struct GroupTileRows {
       const int64_t a = a0 + i;
       const int32_t p = seg[a];
       token[i] = p;
-      cut[i] = std::upper_bound(seg.begin(), seg.begin() + a, (int64_t)p - window,
+      cut[i] = std::upper_bound(seg.begin(), seg.begin() + a, (int64_t)p - local_window,
                                 [](int64_t x, int32_t y) { return x < y; }) -
                seg.begin();
       if (r.topk == 2) {
@@ -279,30 +281,23 @@ void merge_states(int64_t n, int64_t heads, int64_t hd, StateRef a, StateRef b, 
   for (int64_t i = 0; i < n; ++i) {
     for (int64_t h = 0; h < heads; ++h) {
       const float la = a.lse[h * a.lse_n + i], lb = b.lse[h * b.lse_n + i];
-      const float mx = std::max(la, lb);
       const float* oa = a.o + i * a.ostride + h * hd;
       const float* ob = b.o + i * b.ostride + h * hd;
       float* od = dst.o + i * dst.ostride + h * hd;
-      if (mx == kNegInf) {
-        std::fill(od, od + hd, 0.f);
-        if (dst.lse) dst.lse[h * dst.lse_n + i] = kNegInf;
-        continue;
-      }
-      const float wa = std::exp(la - mx), wb = std::exp(lb - mx), inv = 1.f / (wa + wb);
-      const float ca = wa * inv, cb = wb * inv;
-      for (int64_t d = 0; d < hd; ++d) od[d] = ca * oa[d] + cb * ob[d];
-      if (dst.lse) dst.lse[h * dst.lse_n + i] = mx + std::log(wa + wb);
+      const Partial parts[2] = {{la, 1.f, oa}, {lb, 1.f, ob}};  // od may be oa: partial 0
+      const float l = merge_partials(2, hd, od, [&](int64_t c) { return parts[c]; });
+      if (dst.lse) dst.lse[h * dst.lse_n + i] = l;
     }
   }
 }
 
 // Key tiles that query tile t of group g visits: the group's keys up to its last row, plus (fused)
 // the window band of its rows.
-int64_t tile_cost(const PackedGroups& P, int64_t g, int64_t t, int64_t window, bool with_window) {
+int64_t tile_cost(const PackedGroups& P, int64_t g, int64_t t, int64_t local_window, bool with_window) {
   const auto seg = P.layout->group(g);
   const int64_t last = std::min<int64_t>(seg.size(), (t + 1) * kBq) - 1;
   int64_t cost = std::max<int64_t>(0, last - P.first[g]) / kBk + 1;
-  if (with_window) cost += (seg[last] - seg[t * kBq] + window) / kBk + 1;
+  if (with_window) cost += (seg[last] - seg[t * kBq] + local_window) / kBk + 1;
   return cost;
 }
 int64_t n_query_tiles(const GroupLayout& L, int64_t g) { return (L.size(g) + kBq - 1) / kBq; }
@@ -321,13 +316,14 @@ constexpr int kFusedBatch = 4;  // groups per fused item (measured best of 1, 2,
 // tiles from the last (most keys) to the first: threads that take neighbouring items stream the
 // same groups' key tiles, which then stay in the shared cache, and the cheapest items come last,
 // which evens out the finish.
-std::vector<TileItem> tile_items(const PackedGroups& P, int64_t hpk, int64_t window, int batch, bool with_window) {
+std::vector<TileItem> tile_items(const PackedGroups& P, int64_t hpk, int64_t local_window, int batch,
+                                 bool with_window) {
   const GroupLayout& L = *P.layout;
   std::vector<std::pair<int64_t, int64_t>> batch_cost;  // (total cost, first group)
   for (int64_t g0 = 0; g0 < L.n_groups; g0 += batch) {
     int64_t total = 0;
     for (int64_t g = g0; g < std::min(L.n_groups, g0 + batch); ++g)
-      for (int64_t t = 0; t < n_query_tiles(L, g); ++t) total += tile_cost(P, g, t, window, with_window);
+      for (int64_t t = 0; t < n_query_tiles(L, g); ++t) total += tile_cost(P, g, t, local_window, with_window);
     if (total > 0) batch_cost.push_back({total, g0});
   }
   std::stable_sort(batch_cost.begin(), batch_cost.end(), [](const auto& x, const auto& y) { return x.first > y.first; });
@@ -351,7 +347,7 @@ struct GroupSink {
 };
 
 // Loads the query rows of a group tile for head h.
-void load_rows(QueryTile& qt, const GroupTileRows& R, const float* q, const FocusAttnShape& s, int64_t h) {
+void load_rows(QueryTile& qt, const GroupTileRows& R, const float* q, const AttnShape& s, int64_t h) {
   const int64_t hd = s.head_dim;
   qt.reset(R.rows);
   for (int i = 0; i < R.rows; ++i) {
@@ -362,7 +358,7 @@ void load_rows(QueryTile& qt, const GroupTileRows& R, const float* q, const Focu
 
 // Writes the rows of a finished group tile of local head hl: topk 1 -> sinks[0] (final); topk 2
 // -> sinks[0] for the tiles of a token's first group, sinks[1] for its second.
-void store_rows(const QueryTile& qt, const GroupTileRows& R, const GroupSink* sinks, const FocusAttnShape& s,
+void store_rows(const QueryTile& qt, const GroupTileRows& R, const GroupSink* sinks, const AttnShape& s,
                 int64_t hl) {
   const int64_t hd = s.head_dim;
   for (int i = 0; i < R.rows; ++i) {
@@ -372,7 +368,7 @@ void store_rows(const QueryTile& qt, const GroupTileRows& R, const GroupSink* si
       prefetch_row<1>(nx.o + (int64_t)R.token[i + kAhead] * nx.ostride + (nx.hoff + hl) * hd, hd);
     }
     qt.store_row(i, dst.o + (int64_t)R.token[i] * dst.ostride + (dst.hoff + hl) * hd, hd,
-                 dst.lse ? dst.lse + hl * s.n + R.token[i] : nullptr);
+                 dst.lse ? dst.lse + hl * s.n_q + R.token[i] : nullptr);
   }
 }
 
@@ -380,7 +376,7 @@ void store_rows(const QueryTile& qt, const GroupTileRows& R, const GroupSink* si
 // (the fused pass), first the window and sink part of all the item's tiles, key tile by key tile
 // in increasing order; then the same-group part of each tile. Every row visits its key tiles in
 // increasing order within each part, as a tile run alone would.
-void run_tiles(const float* q, const FocusAttnShape& s, const Routing& r, const PackedGroups& P, const KeyTiles& gkeys,
+void run_tiles(const float* q, const AttnShape& s, const Routing& r, const PackedGroups& P, const KeyTiles& gkeys,
                const KeyTiles* okeys, const std::vector<TileItem>& items, int batch, int64_t kvh,
                const GroupSink* sinks) {
   const int64_t hpk = s.heads / s.kv_heads, G = P.layout->n_groups;
@@ -402,10 +398,10 @@ void run_tiles(const float* q, const FocusAttnShape& s, const Routing& r, const 
     W.clear();
     int64_t sink_hi = 0, band_lo = std::numeric_limits<int64_t>::max(), band_hi = -1;
     for (int b = 0; b < nb; ++b) {
-      R[b].build(P, r, gb[b], t, s.window);
+      R[b].build(P, r, gb[b], t, s.local_window);
       load_rows(qts[b], R[b], q, s, kvh * hpk + hl);
       if (!okeys) continue;
-      const WindowRows& w = W.emplace_back(R[b].token, R[b].owner, R[b].rows, s.window, s.sinks);
+      const WindowRows& w = W.emplace_back(R[b].token, R[b].owner, R[b].rows, s.local_window, s.sinks);
       if (w.b1 < w.b0) continue;
       sink_hi = std::max(sink_hi, w.n_sink);
       band_lo = std::min(band_lo, w.b0);
@@ -414,7 +410,7 @@ void run_tiles(const float* q, const FocusAttnShape& s, const Routing& r, const 
     for (int64_t tt = 0; tt <= std::max(sink_hi - 1, band_hi); ++tt) {
       if (tt >= sink_hi && tt < band_lo) tt = band_lo;
       for (int b = 0; b < nb; ++b)
-        if (W[b].needs(tt)) W[b].visit_tile(qts[b], spans, *okeys, s.window, s.sinks, tt);
+        if (W[b].needs(tt)) W[b].visit_tile(qts[b], spans, *okeys, s.local_window, s.sinks, tt);
     }
     for (int b = 0; b < nb; ++b) {
       visit_group(qts[b], spans, R[b], P.first[gb[b]], gkeys, P.tile_off[gb[b]], slot_tag);
@@ -441,8 +437,8 @@ struct SlotBuffers {
 };
 
 // Merges the two slots of kv head kvh into the output (o, lse: full [n, heads, hd] / [heads, n]).
-void merge_slots(SlotBuffers& B, const FocusAttnShape& s, int64_t kvh, float* o, float* lse) {
-  const int64_t n = s.n, hpk = s.heads / s.kv_heads, hd = s.head_dim;
+void merge_slots(SlotBuffers& B, const AttnShape& s, int64_t kvh, float* o, float* lse) {
+  const int64_t n = s.n_q, hpk = s.heads / s.kv_heads, hd = s.head_dim;
   const StateRef a{B.o.data(), hpk * hd, B.lse.data(), n};
   const StateRef b{B.o.data() + n * hpk * hd, hpk * hd, B.lse.data() + hpk * n, n};
   const StateRef d{o + kvh * hpk * hd, s.o_stride, lse ? lse + kvh * hpk * n : nullptr, n};
@@ -470,8 +466,8 @@ thread_local Scratch tl_scratch;
 
 // Work-shared loops (inside a parallel region) filling the tiles of kv head kvh in original
 // order and in packed group order; `nowait` skips the closing barrier.
-void fill_original(KeyTiles& keys, const float* k, const float* v, const FocusAttnShape& s, int64_t kvh, bool nowait) {
-  auto token_of = [n = s.n](int64_t slot) { return slot < n ? slot : int64_t{-1}; };
+void fill_original(KeyTiles& keys, const float* k, const float* v, const AttnShape& s, int64_t kvh, bool nowait) {
+  auto token_of = [n = s.n_q](int64_t slot) { return slot < n ? slot : int64_t{-1}; };
   if (nowait) {
 #pragma omp for schedule(static) nowait
     for (int64_t t = 0; t < keys.n_tiles; ++t) keys.fill_tile(t, k, v, s, kvh, token_of);
@@ -480,7 +476,7 @@ void fill_original(KeyTiles& keys, const float* k, const float* v, const FocusAt
     for (int64_t t = 0; t < keys.n_tiles; ++t) keys.fill_tile(t, k, v, s, kvh, token_of);
   }
 }
-void fill_packed(KeyTiles& keys, const PackedGroups& P, const float* k, const float* v, const FocusAttnShape& s,
+void fill_packed(KeyTiles& keys, const PackedGroups& P, const float* k, const float* v, const AttnShape& s,
                  int64_t kvh) {
   const int32_t* tok = P.slot_token.data();
   auto token_of = [tok](int64_t slot) { return (int64_t)tok[slot]; };
@@ -493,7 +489,7 @@ void fill_packed(KeyTiles& keys, const PackedGroups& P, const float* k, const fl
 // ---------------------------------------------------------------------------------------------
 int64_t focus_pair_count(const Routing& r, int64_t n, int64_t w, int64_t S) {
   check_routing(r, n);
-  FOCUS_CHECK(w >= 1 && S >= 0, "focus_pair_count: need window >= 1 and sinks >= 0");
+  FOCUS_CHECK(w >= 1 && S >= 0, "focus_pair_count: need local_window >= 1 and sinks >= 0");
   // Window and sinks: min(i + 1, w) + min(S, max(0, i - w + 1)). Groups: keys S <= j <= i - w
   // sharing a group, counted with running per-group (and per-group-pair) counts.
   std::vector<int64_t> cnt(r.n_groups, 0);
@@ -521,7 +517,7 @@ int64_t focus_pair_count(const Routing& r, int64_t n, int64_t w, int64_t S) {
 namespace {
 
 // Visible keys of row i, increasing.
-std::vector<int64_t> visible_keys(const FocusAttnShape& s, const Routing& r, int64_t i) {
+std::vector<int64_t> visible_keys(const AttnShape& s, const Routing& r, int64_t i) {
   std::vector<int64_t> keys;
   for (int64_t j = 0; j <= i; ++j)
     if (visible(s, r, i, j)) keys.push_back(j);
@@ -529,7 +525,7 @@ std::vector<int64_t> visible_keys(const FocusAttnShape& s, const Routing& r, int
 }
 
 // Softmax attention of query (i, h) over the given keys in double; returns the lse.
-float reference_row(const float* q, const float* k, const float* v, float* o, const FocusAttnShape& s, int64_t i,
+float reference_row(const float* q, const float* k, const float* v, float* o, const AttnShape& s, int64_t i,
                     int64_t h, const std::vector<int64_t>& keys) {
   const int64_t hd = s.head_dim, kvh = h / (s.heads / s.kv_heads);
   const float* qr = q + i * s.q_stride + h * hd;
@@ -558,20 +554,20 @@ float reference_row(const float* q, const float* k, const float* v, float* o, co
 }  // namespace
 
 float focus_attention_reference_row(const float* q, const float* k, const float* v, float* o,
-                                    const FocusAttnShape& s, const Routing& r, int64_t i, int64_t h) {
+                                    const AttnShape& s, const Routing& r, int64_t i, int64_t h) {
   return reference_row(q, k, v, o, s, i, h, visible_keys(s, r, i));
 }
 
 void focus_attention_reference(const float* q, const float* k, const float* v, float* o, float* lse,
-                               const FocusAttnShape& s, const Routing& r) {
+                               const AttnShape& s, const Routing& r) {
   check_shape(s);
-  check_routing(r, s.n);
+  check_routing(r, s.n_q);
 #pragma omp parallel for schedule(dynamic, 16)
-  for (int64_t i = 0; i < s.n; ++i) {
+  for (int64_t i = 0; i < s.n_q; ++i) {
     const std::vector<int64_t> keys = visible_keys(s, r, i);
     for (int64_t h = 0; h < s.heads; ++h) {
       const float l = reference_row(q, k, v, o + i * s.o_stride + h * s.head_dim, s, i, h, keys);
-      if (lse) lse[h * s.n + i] = l;
+      if (lse) lse[h * s.n_q + i] = l;
     }
   }
 }
@@ -584,26 +580,26 @@ void merge_attention_states(float* o, float* lse, int64_t o_stride, const float*
 }
 
 void focus_attention_fused(const float* q, const float* k, const float* v, float* o, float* lse,
-                           const FocusAttnShape& s, const Routing& r) {
+                           const AttnShape& s, const Routing& r) {
   check_shape(s);
-  const GroupLayout L = build_group_layout(r, s.n);
-  if (s.n == 0) return;
+  const GroupLayout L = build_group_layout(r, s.n_q);
+  if (s.n_q == 0) return;
   const int64_t hd = s.head_dim, hdp = padded_dim(hd), hpk = s.heads / s.kv_heads;
   PackedGroups P;
   P.build(L, r, s.sinks);
   KeyTiles &okeys = tl_scratch.okeys, &gkeys = tl_scratch.gkeys;  // the calling thread's, shared by the team
-  okeys.resize((s.n + kBk - 1) / kBk, hdp);
+  okeys.resize((s.n_q + kBk - 1) / kBk, hdp);
   gkeys.resize(P.n_tiles(), hdp);
-  const std::vector<TileItem> items = tile_items(P, hpk, s.window, kFusedBatch, true);
+  const std::vector<TileItem> items = tile_items(P, hpk, s.local_window, kFusedBatch, true);
   SlotBuffers& B = tl_scratch.slots;
-  if (r.topk == 2) B.resize(s.n, hpk, hd);
+  if (r.topk == 2) B.resize(s.n_q, hpk, hd);
   for (int64_t kvh = 0; kvh < s.kv_heads; ++kvh) {
     GroupSink sinks[2];
     if (r.topk == 1) {
-      sinks[0] = {o, s.o_stride, lse ? lse + kvh * hpk * s.n : nullptr, kvh * hpk};
+      sinks[0] = {o, s.o_stride, lse ? lse + kvh * hpk * s.n_q : nullptr, kvh * hpk};
     } else {
-      sinks[0] = B.sink(0, s.n, hpk, hd);
-      sinks[1] = B.sink(1, s.n, hpk, hd);
+      sinks[0] = B.sink(0, s.n_q, hpk, hd);
+      sinks[1] = B.sink(1, s.n_q, hpk, hd);
     }
 #pragma omp parallel
     {
@@ -616,13 +612,13 @@ void focus_attention_fused(const float* q, const float* k, const float* v, float
 }
 
 void focus_window_attention(const float* q, const float* k, const float* v, float* o, float* lse,
-                            const FocusAttnShape& s) {
+                            const AttnShape& s) {
   check_shape(s);
-  if (s.n == 0) return;
+  if (s.n_q == 0) return;
   const int64_t hd = s.head_dim, hdp = padded_dim(hd), hpk = s.heads / s.kv_heads;
-  const int64_t n_qt = (s.n + kBq - 1) / kBq;
+  const int64_t n_qt = (s.n_q + kBq - 1) / kBq;
   KeyTiles& keys = tl_scratch.okeys;
-  keys.resize((s.n + kBk - 1) / kBk, hdp);
+  keys.resize((s.n_q + kBk - 1) / kBk, hdp);
   for (int64_t kvh = 0; kvh < s.kv_heads; ++kvh) {
 #pragma omp parallel
     {
@@ -636,17 +632,17 @@ void focus_window_attention(const float* q, const float* k, const float* v, floa
       for (int64_t qb = n_qt - 1; qb >= 0; --qb) {
         for (int64_t hl = 0; hl < hpk; ++hl) {
           const int64_t h = kvh * hpk + hl, t0 = qb * kBq;
-          const int rows = (int)std::min<int64_t>(kBq, s.n - t0);
+          const int rows = (int)std::min<int64_t>(kBq, s.n_q - t0);
           qt.reset(rows);
           for (int i = 0; i < rows; ++i) {
             pos[i] = (int32_t)(t0 + i);
             if (i + kAhead < rows) prefetch_row<0>(q + (t0 + i + kAhead) * s.q_stride + h * hd, hd);
             qt.load_row(i, q + (t0 + i) * s.q_stride + h * hd, hd, s.scale);
           }
-          visit_window(qt, spans, pos, owner, rows, keys, s.window, s.sinks);
+          visit_window(qt, spans, pos, owner, rows, keys, s.local_window, s.sinks);
           for (int i = 0; i < rows; ++i) {
             if (i + kAhead < rows) prefetch_row<1>(o + (t0 + i + kAhead) * s.o_stride + h * hd, hd);
-            qt.store_row(i, o + (t0 + i) * s.o_stride + h * hd, hd, lse ? lse + h * s.n + t0 + i : nullptr);
+            qt.store_row(i, o + (t0 + i) * s.o_stride + h * hd, hd, lse ? lse + h * s.n_q + t0 + i : nullptr);
           }
         }
       }
@@ -655,25 +651,25 @@ void focus_window_attention(const float* q, const float* k, const float* v, floa
 }
 
 void focus_group_attention(const float* q, const float* k, const float* v, float* o, float* lse,
-                           const FocusAttnShape& s, const Routing& r) {
+                           const AttnShape& s, const Routing& r) {
   check_shape(s);
-  const GroupLayout L = build_group_layout(r, s.n);
-  if (s.n == 0) return;
+  const GroupLayout L = build_group_layout(r, s.n_q);
+  if (s.n_q == 0) return;
   const int64_t hd = s.head_dim, hdp = padded_dim(hd), hpk = s.heads / s.kv_heads;
   PackedGroups P;
   P.build(L, r, s.sinks);
   KeyTiles& gkeys = tl_scratch.gkeys;
   gkeys.resize(P.n_tiles(), hdp);
-  const std::vector<TileItem> items = tile_items(P, hpk, s.window, 1, false);
+  const std::vector<TileItem> items = tile_items(P, hpk, s.local_window, 1, false);
   SlotBuffers& B = tl_scratch.slots;
-  if (r.topk == 2) B.resize(s.n, hpk, hd);
+  if (r.topk == 2) B.resize(s.n_q, hpk, hd);
   for (int64_t kvh = 0; kvh < s.kv_heads; ++kvh) {
     GroupSink sinks[2];
     if (r.topk == 1) {
-      sinks[0] = {o, s.o_stride, lse ? lse + kvh * hpk * s.n : nullptr, kvh * hpk};
+      sinks[0] = {o, s.o_stride, lse ? lse + kvh * hpk * s.n_q : nullptr, kvh * hpk};
     } else {
-      sinks[0] = B.sink(0, s.n, hpk, hd);
-      sinks[1] = B.sink(1, s.n, hpk, hd);
+      sinks[0] = B.sink(0, s.n_q, hpk, hd);
+      sinks[1] = B.sink(1, s.n_q, hpk, hd);
     }
 #pragma omp parallel
     {
@@ -685,21 +681,21 @@ void focus_group_attention(const float* q, const float* k, const float* v, float
 }
 
 void focus_attention_two_call(const float* q, const float* k, const float* v, float* o, float* lse,
-                              const FocusAttnShape& s, const Routing& r) {
+                              const AttnShape& s, const Routing& r) {
   check_shape(s);
-  check_routing(r, s.n);
-  if (s.n == 0) return;
+  check_routing(r, s.n_q);
+  if (s.n_q == 0) return;
   const int64_t row = s.heads * s.head_dim;
   FloatBuffer &lse1 = tl_scratch.lse1, &o2 = tl_scratch.o2, &lse2 = tl_scratch.lse2;
-  lse1.resize(s.heads * s.n);
-  o2.resize(s.n * row);
-  lse2.resize(s.heads * s.n);
+  lse1.resize(s.heads * s.n_q);
+  o2.resize(s.n_q * row);
+  lse2.resize(s.heads * s.n_q);
   focus_window_attention(q, k, v, o, lse1.data(), s);
-  FocusAttnShape s2 = s;
+  AttnShape s2 = s;
   s2.o_stride = row;
   focus_group_attention(q, k, v, o2.data(), lse2.data(), s2, r);
-  merge_attention_states(o, lse1.data(), s.o_stride, o2.data(), lse2.data(), row, s.n, s.heads, s.head_dim);
-  if (lse) std::copy(lse1.data(), lse1.data() + s.heads * s.n, lse);
+  merge_attention_states(o, lse1.data(), s.o_stride, o2.data(), lse2.data(), row, s.n_q, s.heads, s.head_dim);
+  if (lse) std::copy(lse1.data(), lse1.data() + s.heads * s.n_q, lse);
 }
 
 size_t focus_attention_scratch_bytes() { return tl_scratch.bytes(); }
@@ -708,4 +704,4 @@ void focus_attention_trim_scratch(size_t max_bytes) {
   if (tl_scratch.bytes() > max_bytes) tl_scratch.release();
 }
 
-}  // namespace focus
+}  // namespace focus::cpu

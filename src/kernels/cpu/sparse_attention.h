@@ -12,52 +12,43 @@
 #include <cstdint>
 
 #include "focus/group_layout.h"
+#include "kernels/cpu/attn_shape.h"
 
-namespace focus {
+namespace focus::cpu {
 
-// Self-attention over n tokens at positions 0 .. n-1 (queries and keys are the same tokens).
-// q [n, heads, head_dim] rows q_stride apart; k, v [n, kv_heads, head_dim] rows kv_stride apart;
-// o [n, heads, head_dim] rows o_stride apart; lse (optional) [heads, n].
-struct FocusAttnShape {
-  int64_t n = 0;
-  int64_t heads = 1;
-  int64_t kv_heads = 1;  // heads % kv_heads == 0 (MHA, GQA, MQA)
-  int64_t head_dim = 0;
-  int64_t q_stride = 0;
-  int64_t kv_stride = 0;
-  int64_t o_stride = 0;
-  float scale = 1.f;     // multiplies q.k
-  int64_t window = 1;    // w >= 1: (i, j) with 0 <= i - j < w is always visible
-  int64_t sinks = 0;     // S >= 0: keys j < S are visible to every i >= j
-};
+// Self-attention over n = s.n_q tokens at positions 0 .. n-1 (queries and keys are the same
+// tokens: s.n_kv == n, s.q_pos0 == 0). q [n, heads, head_dim] rows q_stride apart; k, v
+// [n, kv_heads, head_dim] rows kv_stride apart; o [n, heads, head_dim] rows o_stride apart; lse
+// (optional) [heads, n]. The pattern uses local_window (w >= 1) and sinks (S >= 0);
+// sliding_window must be 0.
 
 // The pattern: (i, j) is visible iff j <= i and (i - j < w or j < S or groups(i) and groups(j)
 // intersect). Every row sees at least itself. o = softmax of the scaled scores over visible keys
 // times v; lse[h, i] = natural log-sum-exp of row i's visible scaled scores.
 
 // Exact number of visible (i, j) pairs for one head, in O(n topk) (plus a hash map for topk 2).
-int64_t focus_pair_count(const Routing& routing, int64_t n, int64_t window, int64_t sinks);
+int64_t focus_pair_count(const Routing& routing, int64_t n, int64_t local_window, int64_t sinks);
 
 void focus_attention_reference(const float* q, const float* k, const float* v, float* o, float* lse,
-                               const FocusAttnShape& s, const Routing& routing);
+                               const AttnShape& s, const Routing& routing);
 
 // One row of the reference: query token i, head h; writes head_dim floats to o, returns the lse.
 float focus_attention_reference_row(const float* q, const float* k, const float* v, float* o,
-                                    const FocusAttnShape& s, const Routing& routing, int64_t i, int64_t h);
+                                    const AttnShape& s, const Routing& routing, int64_t i, int64_t h);
 
 void focus_attention_fused(const float* q, const float* k, const float* v, float* o, float* lse,
-                           const FocusAttnShape& s, const Routing& routing);
+                           const AttnShape& s, const Routing& routing);
 
 void focus_attention_two_call(const float* q, const float* k, const float* v, float* o, float* lse,
-                              const FocusAttnShape& s, const Routing& routing);
+                              const AttnShape& s, const Routing& routing);
 
 // The two calls on their own. Call 1: pairs with i - j < w, plus sinks j < S outside the window.
 void focus_window_attention(const float* q, const float* k, const float* v, float* o, float* lse,
-                            const FocusAttnShape& s);
+                            const AttnShape& s);
 // Call 2: same-group pairs with S <= j <= i - w, over group-sorted tokens; a pair sharing two
 // groups counts once (in the smaller shared group). Rows with no such key get lse -inf, o = 0.
 void focus_group_attention(const float* q, const float* k, const float* v, float* o, float* lse,
-                           const FocusAttnShape& s, const Routing& routing);
+                           const AttnShape& s, const Routing& routing);
 
 // The fused, window, group and two-call kernels keep their key tiles and partial states in
 // buffers of the calling thread that only grow, so the calls after the first (every layer of a
@@ -72,4 +63,4 @@ void focus_attention_trim_scratch(size_t max_bytes = 0);
 void merge_attention_states(float* o, float* lse, int64_t o_stride, const float* o2, const float* lse2,
                             int64_t o2_stride, int64_t n, int64_t heads, int64_t head_dim);
 
-}  // namespace focus
+}  // namespace focus::cpu

@@ -1,6 +1,14 @@
-// Vectorised building blocks of flash-style attention on the CPU: a tile of up to kBq queries
-// visits tiles of kBk keys, keeping an online softmax (running max m, running sum l, unnormalised
-// output o) per query row. Vectors of kV floats, one native register (simd.h).
+// The attention tile engine on the CPU, shared by the dense (attention.cpp), sparse
+// (sparse_attention.cpp), soft (soft_attention.cpp) and cached (cached_attention.cpp) kernels: a
+// tile of up to kBq queries visits tiles of kBk keys, keeping an online softmax (running max m,
+// running sum l, unnormalised output o) per query row, and partial states over disjoint key sets
+// are merged exactly (merge_partials, merge_states). Vectors of kV floats, one native register
+// (simd.h).
+//
+// What differs between the clients is a parameter: ExpMode (the dense kernel always takes the
+// exact exponential, so a row's bits do not depend on the rows it is blocked with), key tags (the
+// sparse kernels' pairs counted in another group) and an additive bias row (soft mode, see
+// softmax_update_row).
 //
 // Layouts inside a tile (hdp = head_dim rounded up to a whole number of vectors, padding zero):
 //   q  [kBq][hdp]   queries, already multiplied by the softmax scale
@@ -26,6 +34,11 @@
 namespace focus::cpu::tiles {
 
 using namespace simd;
+
+// The exponential of a visit: Exact is exactly 0 below e^-87 everywhere; FastWhenFull takes the
+// clamped form on blocks where every column is visible (no -inf to flush), which rounds a block
+// the same way only when its rows are blocked the same way.
+enum class ExpMode { Exact, FastWhenFull };
 
 constexpr int kBq = 64;  // query rows per tile
 constexpr int kBk = 64;  // keys per tile
@@ -200,6 +213,7 @@ struct QueryTile {
   // spans (indexed by row). key_tag (kBk entries, or null) drives the tag exclusion. Works in
   // blocks of 4 rows, each restricted to the column vectors its rows see, so ragged tile edges
   // (causal diagonal, window edge) cost little, and a block's scores stay in L1 for its P.V.
+  template <ExpMode E = ExpMode::FastWhenFull>
   void visit(const float* kt, const float* v, int64_t ldv, int r0, int r1, const RowSpan* spans,
              const int32_t* key_tag) {
     for (int rb = r0; rb < r1; rb += 4) {
@@ -214,7 +228,7 @@ struct QueryTile {
       const int cv0 = clo / kV, cv1 = (chi + kV - 1) / kV;
       float* sb = s.data() + rb * kBk;
       tile_scores(q.data() + rb * hdp, hdp, nr, kt + cv0 * kV, sb + cv0 * kV, cv1 - cv0);
-      softmax_block(rb, nr, spans, cv0, cv1, key_tag);
+      softmax_block<E>(rb, nr, spans, cv0, cv1, key_tag);
       tile_pv(sb + clo, v + clo * ldv, ldv, nr, chi - clo, o.data() + rb * hdp, hdp);
     }
   }
@@ -222,6 +236,7 @@ struct QueryTile {
  private:
   // Turns the scores of rows [rb, rb + nr) in column vectors [cv0, cv1) into probabilities
   // (0 where not visible) and updates m, l and the output rows.
+  template <ExpMode E>
   void softmax_block(int rb, int nr, const RowSpan* spans, int cv0, int cv1, const int32_t* key_tag) {
     const float ninf = -std::numeric_limits<float>::infinity();
     float mx[4];
@@ -263,7 +278,7 @@ struct QueryTile {
       const int r = rb + i;
       float* sr = s.data() + r * kBk;
       vf sum{};
-      if (full[i]) {
+      if (E == ExpMode::FastWhenFull && full[i]) {
         for (int c = cv0; c < cv1; ++c) {
           const vf e = vexp_clamped(load(sr + c * kV) - mx[i]);
           store(sr + c * kV, e);
@@ -286,5 +301,45 @@ struct QueryTile {
     }
   }
 };
+
+// ---------------------------------------------------------------------------------------------
+// Partial states of one row over disjoint key sets: m (the largest score), l (sum of e^(s - m))
+// and o (sum of e^(s - m) v, hd floats, unnormalised). A normalised output with its log-sum-exp
+// is the partial state (lse, 1, o).
+struct Partial {
+  float m, l;
+  const float* o;
+};
+
+// Merges partials 0 .. count-1 (get(c) returns partial c) in that order into the normalised
+// output out (hd floats); returns the log-sum-exp (-inf and zeros when every partial is empty,
+// m = -inf). The order is fixed, so the result does not depend on who computed the partials.
+// out may be partial 0's o.
+template <class Get>
+inline float merge_partials(int64_t count, int64_t hd, float* out, Get&& get) {
+  const float ninf = -std::numeric_limits<float>::infinity();
+  float mx = ninf;
+  for (int64_t c = 0; c < count; ++c) mx = std::max(mx, get(c).m);
+  if (mx == ninf) {
+    std::fill(out, out + hd, 0.f);
+    return mx;
+  }
+  double sum = 0;
+  bool first = true;
+  for (int64_t c = 0; c < count; ++c) {
+    const Partial p = get(c);
+    if (p.m == ninf) continue;
+    const float f = std::exp(p.m - mx);
+    sum += (double)p.l * f;
+    if (first)
+      for (int64_t x = 0; x < hd; ++x) out[x] = f * p.o[x];
+    else
+      for (int64_t x = 0; x < hd; ++x) out[x] += f * p.o[x];
+    first = false;
+  }
+  const float inv = (float)(1.0 / sum);
+  for (int64_t x = 0; x < hd; ++x) out[x] *= inv;
+  return mx + (float)std::log(sum);
+}
 
 }  // namespace focus::cpu::tiles

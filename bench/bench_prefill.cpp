@@ -149,7 +149,7 @@ int main(int argc, char** argv) {
       // backward, counted by the GEMM wrapper) plus attention, 4*Dh per causal pair and head
       // forward and 8*Dh backward.
       FocusSettings fs;
-      fs.window = 64;
+      fs.local_window = 64;
       fs.groups = 16;
       FocusRouters f = focus_init(c, fs, 1);
       const int64_t T = train_ctx;
@@ -172,7 +172,7 @@ int main(int argc, char** argv) {
       }
       double pairs = 0;
       for (int64_t l = 0; l < c.layers; ++l) {
-        const int64_t w = c.layer_window[l];
+        const int64_t w = c.layer_sliding_window[l];
         for (int64_t i = 0; i < T; ++i) pairs += (double)(w > 0 ? std::min<int64_t>(w, i + 1) : i + 1);
       }
       const double attn_flops = 12.0 * c.head_dim * c.heads * pairs;

@@ -74,7 +74,7 @@ TEST(AttentionPolicy, RegisteredVariantIsListedAndPlannedOnEveryGlobalLayer) {
   EXPECT_NE(std::find(names.begin(), names.end(), "dense"), names.end());
   ModelConfig c;
   c.layers = 4;
-  c.layer_window = {0, 512, 0, 512};  // two sliding-window layers stay dense
+  c.layer_sliding_window = {0, 512, 0, 512};  // two sliding-window layers stay dense
   const AttentionPlan plan = make_attention_plan(c, "test-self-only");
   ASSERT_EQ((int64_t)plan.layers.size(), 4);
   EXPECT_EQ(plan.at(0).name(), "test-self-only");
@@ -111,7 +111,7 @@ TEST(AttentionPolicy, ToyVariantRunsInTheForwardPassAndDecodesFromItsState) {
   c.truncate(12);
   for (int64_t i = 12; i < n; ++i) forward(*m, ids.data() + i, 1, c, h.data() + i * D, &plan);
 
-  m->cfg.layer_window.assign(m->cfg.layers, 1);
+  m->cfg.layer_sliding_window.assign(m->cfg.layers, 1);
   const auto window1 = run(*m, ids, nullptr);
   double err = 0, err_dec = 0, diff_dense = 0;
   for (int64_t i = 0; i < n * D; ++i) {

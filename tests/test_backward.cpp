@@ -179,7 +179,7 @@ namespace {
 FocusRouters routers_for(const Model& m) {
   FocusSettings s;
   s.mode = FocusMode::Soft;
-  s.window = 4;
+  s.local_window = 4;
   s.sinks = 1;
   s.groups = 4;
   s.dg = 8;

@@ -44,7 +44,7 @@ std::vector<int32_t> some_ids(int64_t n, int64_t vocab, int seed) {
 FocusRouters random_routers(const Model& m, FocusMode mode, int64_t window, int topk, int64_t groups = 4) {
   FocusSettings s;
   s.mode = mode;
-  s.window = window;
+  s.local_window = window;
   s.sinks = 1;
   s.groups = groups;
   s.dg = 16;
@@ -206,11 +206,11 @@ TEST(FocusModel, RouterFilesRoundTrip) {
   const std::string dir = ::testing::TempDir() + "/focus_router_rt";
   save_focus(f, dir, m->cfg, stories());
   FocusRouters g = load_focus(dir, m->cfg);
-  EXPECT_EQ(g.settings.window, 16);
+  EXPECT_EQ(g.settings.local_window, 16);
   EXPECT_EQ(g.settings.topk, 2);
   EXPECT_EQ(g.settings.mode, FocusMode::Hard);
   const FocusSettings s = load_focus_settings(dir, m->cfg);  // the settings alone agree
-  EXPECT_EQ(s.window, 16);
+  EXPECT_EQ(s.local_window, 16);
   EXPECT_EQ(s.topk, 2);
   EXPECT_EQ(s.mode, FocusMode::Hard);
   EXPECT_EQ(s.groups, f.settings.groups);
@@ -229,7 +229,7 @@ TEST(FocusModel, LoadRejectsRoutersOnSlidingLayersAndRepeatedLayers) {
   ModelConfig c;
   c.dim = 16;
   c.layers = 3;
-  c.layer_window = {0, 0, 0};
+  c.layer_sliding_window = {0, 0, 0};
   FocusSettings s;
   s.groups = 4;
   s.dg = 8;
@@ -245,7 +245,7 @@ TEST(FocusModel, LoadRejectsRoutersOnSlidingLayersAndRepeatedLayers) {
     return std::string("no error");
   };
   ModelConfig sliding = c;
-  sliding.layer_window = {0, 8, 0};  // the same files, but layer 1 is now a sliding-window layer
+  sliding.layer_sliding_window = {0, 8, 0};  // the same files, but layer 1 is now a sliding-window layer
   std::string msg = error_of(sliding);
   EXPECT_NE(msg.find(dir + "/focus.json: layer 1 is a sliding-window layer"), std::string::npos) << msg;
 

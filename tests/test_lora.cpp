@@ -196,7 +196,7 @@ TEST_P(LoraGrad, SubsetOfProjections) {
 TEST_P(LoraGrad, WithFrozenRouters) {
   auto m = random_model(GetParam(), 120);
   FocusSettings s;
-  s.window = 4;
+  s.local_window = 4;
   s.groups = 4;
   s.dg = 8;
   s.tau = 0.5f;
@@ -209,7 +209,7 @@ TEST_P(LoraGrad, WithFrozenRouters) {
 TEST_P(LoraGrad, RouterGradientThroughFrozenAdapters) {
   auto m = random_model(GetParam(), 130);
   FocusSettings s;
-  s.window = 4;
+  s.local_window = 4;
   s.groups = 4;
   s.dg = 8;
   s.tau = 0.5f;

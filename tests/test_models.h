@@ -33,7 +33,7 @@ inline std::unique_ptr<Model> random_model(Arch arch, uint32_t seed) {
   c.max_ctx = 64;
   c.norm_eps = 1e-5f;
   c.attn_scale = 1.f / std::sqrt(8.f);
-  c.layer_window.assign(c.layers, 0);
+  c.layer_sliding_window.assign(c.layers, 0);
   if (arch == Arch::Llama) {
     c.rope_dim = 8;
     c.rope_style = cpu::RopeStyle::Interleaved;
@@ -45,7 +45,7 @@ inline std::unique_ptr<Model> random_model(Arch arch, uint32_t seed) {
     c.qk_norm = true;
     c.post_norms = true;
     c.embed_scale = std::sqrt(32.f);
-    c.layer_window = {5, 0, 5};  // local, global, local
+    c.layer_sliding_window = {5, 0, 5};  // local, global, local
   } else {
     c.norm = NormKind::Layer;
     c.mlp = MlpKind::GELU;

@@ -33,7 +33,7 @@ namespace {
 RetrofitOptions small_run(const std::string& out) {
   RetrofitOptions o = small_training_run<RetrofitOptions>(out);
   o.adam.lr = 3e-3f;
-  o.focus.window = 24;
+  o.focus.local_window = 24;
   o.focus.groups = 8;
   o.focus.dg = 16;
   o.focus.tau = 0.1f;

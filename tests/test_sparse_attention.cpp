@@ -431,7 +431,7 @@ TEST(FocusAttentionBench, JsonKeysErrorsAndSkippedRuns) {
   o.heads = 4;
   o.kv_heads = 2;
   o.dim = 16;
-  o.window = 32;
+  o.local_window = 32;
   o.groups = 5;
   o.topk = 2;
   o.reps = 1;
@@ -459,7 +459,7 @@ TEST(FocusAttentionBench, JsonKeysErrorsAndSkippedRuns) {
   // Decoding: the last row from the cache against the reference; fewer keys read than cached.
   EXPECT_EQ(j["decode_tokens"].get<int64_t>(), 32);
   EXPECT_LT(j["max_err_decode"].get<double>(), 1e-5);
-  EXPECT_GT(j["decode_keys_per_token"].get<double>(), (double)o.window);
+  EXPECT_GT(j["decode_keys_per_token"].get<double>(), (double)o.local_window);
   EXPECT_LT(j["decode_keys_per_token"].get<double>(), (double)o.n);
   EXPECT_DOUBLE_EQ(j["speedup_decode"].get<double>(), ratio("decode_dense_us", "decode_focus_us"));
   // Dense through the Focus decode kernel (every key) gives what the dense flash kernel gives.
@@ -487,7 +487,7 @@ TEST(FocusAttentionBench, DensityIsTheExactPairCount) {
   o.heads = 2;
   o.kv_heads = 1;
   o.dim = 8;
-  o.window = 1;
+  o.local_window = 1;
   o.groups = 5;
   o.topk = 1;
   o.reps = 1;

@@ -481,11 +481,11 @@ TEST(TasksScore, FocusRoutersAreUsed) {
   s.mode = FocusMode::Hard;
   s.groups = 4;
   s.tau = 0.5f;
-  s.window = 4096;  // longer than the input: the plain kernel runs, bit for bit
+  s.local_window = 4096;  // longer than the input: the plain kernel runs, bit for bit
   FocusRouters wide = focus_init(m->cfg, s, 42);
   const AttentionPlan wide_plan = focus_plan(m->cfg, wide);
   EXPECT_EQ(score_choice(*m, ctx, cont, &wide_plan).ll, plain.ll);
-  s.window = 8;
+  s.local_window = 8;
   FocusRouters narrow = focus_init(m->cfg, s, 42);
   const AttentionPlan narrow_plan = focus_plan(m->cfg, narrow);
   const ChoiceScore sparse = score_choice(*m, ctx, cont, &narrow_plan);
@@ -521,7 +521,7 @@ TEST(TasksScore, PrefixReuseEqualsFreshForwards) {
   // the reused prefix gives the numbers of a fresh run, in soft and hard mode.
   for (FocusMode mode : {FocusMode::Soft, FocusMode::Hard}) {
     FocusSettings fs;
-    fs.window = 4;
+    fs.local_window = 4;
     fs.mode = mode;
     const FocusRouters f = focus_init(m->cfg, fs, 3);
     const AttentionPlan plan = focus_plan(m->cfg, f);

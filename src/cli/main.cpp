@@ -60,7 +60,7 @@ int cmd_info(const std::string& model, const std::string& tokenizer, bool as_jso
   j["params"] = m->w.n_params;
   j["tied_output"] = c.tied_output;
   j["tensor_types"] = m->w.tensor_types;
-  j["layer_window"] = c.layer_window;
+  j["layer_sliding_window"] = c.layer_sliding_window;
   j["rope"] = c.rope_dim == 0 ? "none"
                               : (c.rope_style == cpu::RopeStyle::Interleaved ? "interleaved" : "split-half");
   j["rope_theta"] = c.rope_theta;
@@ -76,9 +76,9 @@ int cmd_info(const std::string& model, const std::string& tokenizer, bool as_jso
               c.tied_output ? ", output tied to embeddings" : "");
   std::printf("positions:    %s, theta %g\n", j["rope"].get<std::string>().c_str(), c.rope_theta);
   int64_t local = 0;
-  for (auto w : c.layer_window) local += w > 0;
+  for (auto w : c.layer_sliding_window) local += w > 0;
   if (local) std::printf("attention:    %lld sliding-window layers (window %lld), %lld global\n", (long long)local,
-                         (long long)c.layer_window[0], (long long)(c.layers - local));
+                         (long long)c.layer_sliding_window[0], (long long)(c.layers - local));
   std::string types;
   for (auto& t : m->w.tensor_types) types += (types.empty() ? "" : ", ") + t;
   std::printf("tensor types: %s\n", types.c_str());
@@ -117,18 +117,18 @@ struct FocusFlags {
       s.groups = groups;
       s.dg = dg;
       s.tau = tau;
-      if (window >= 0) s.window = window;
+      if (window >= 0) s.local_window = window;
       if (sinks >= 0) s.sinks = sinks;
       if (topk) s.topk = topk;
       f = std::make_unique<FocusRouters>(focus_init(m.cfg, s, seed));
     } else {
       f = std::make_unique<FocusRouters>(load_focus(dir, m.cfg));
-      if (window >= 0) f->settings.window = window;
+      if (window >= 0) f->settings.local_window = window;
       if (sinks >= 0) f->settings.sinks = sinks;
       if (topk) f->settings.topk = topk;
     }
     if (!mode.empty()) f->settings.mode = parse_focus_mode(mode);
-    FOCUS_CHECK(f->settings.window >= 1, "--window must be >= 1");
+    FOCUS_CHECK(f->settings.local_window >= 1, "--window must be >= 1");
     FOCUS_CHECK(f->settings.topk >= 1 && f->settings.topk <= 2 && f->settings.topk <= f->settings.groups,
                 "--topk must be 1 or 2 (and at most the number of groups)");
     return f;
@@ -188,7 +188,7 @@ int cmd_eval(const std::string& model, const std::string& tokenizer, const std::
   std::string focus_desc = "off";
   if (focus) {
     const FocusSettings& s = focus->settings;
-    focus_desc = to_string(s.mode) + " (window " + std::to_string(s.window) + ", sinks " + std::to_string(s.sinks) +
+    focus_desc = to_string(s.mode) + " (window " + std::to_string(s.local_window) + ", sinks " + std::to_string(s.sinks) +
                  ", groups " + std::to_string(s.groups) + ", d_g " + std::to_string(s.dg) +
                  (s.mode == FocusMode::Hard ? ", top-" + std::to_string(s.topk) : "") + ", " +
                  std::to_string(focus->routers.size()) + " routers)";
@@ -557,7 +557,7 @@ int main(int argc, char** argv) {
   std::string balance = "none";
   auto* rf = app.add_subcommand("retrofit", "train the Focus routers of a frozen model on text");
   add_train_options(rf, ro, model, tokenizer, as_json, "router");
-  rf->add_option("--window", ro.focus.window, "Focus local window");
+  rf->add_option("--window", ro.focus.local_window, "Focus local window");
   rf->add_option("--sinks", ro.focus.sinks, "sink tokens");
   rf->add_option("--groups", ro.focus.groups, "groups G");
   rf->add_option("--dg", ro.focus.dg, "routing dimension d_g");
@@ -615,7 +615,7 @@ int main(int argc, char** argv) {
   ba->add_option("--heads", bo.heads, "query heads H");
   ba->add_option("--kv-heads", bo.kv_heads, "key/value heads (default: --heads)");
   ba->add_option("--dim", bo.dim, "head dimension");
-  ba->add_option("--window", bo.window, "Focus local window");
+  ba->add_option("--window", bo.local_window, "Focus local window");
   ba->add_option("--groups", bo.groups, "groups G");
   ba->add_option("--topk", bo.topk, "groups per token (1 or 2)");
   ba->add_option("--sinks", bo.sinks, "sink tokens");

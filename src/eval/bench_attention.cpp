@@ -106,12 +106,12 @@ int run_attention_bench(const AttnBenchOptions& opt, nlohmann::json* result) {
     s.kv_stride = HKV * D;
     s.o_stride = H * D;
     s.scale = 1.f / std::sqrt((float)D);
-    s.local_window = opt.window;
+    s.local_window = opt.local_window;
     s.sinks = opt.sinks;
     const cpu::AttnShape dense_shape{n, n, 0, H, HKV, D, H * D, HKV * D, H * D, s.scale, 0};
 
     const double causal_pairs = (double)n * (n + 1) / 2;
-    const double pairs = (double)cpu::focus_pair_count(routing, n, opt.window, opt.sinks);
+    const double pairs = (double)cpu::focus_pair_count(routing, n, opt.local_window, opt.sinks);
     const double density = pairs / causal_pairs;
     const double flop_per_pair = 4.0 * D * H;
 
@@ -211,7 +211,7 @@ int run_attention_bench(const AttnBenchOptions& opt, nlohmann::json* result) {
 
     std::printf("focus attention: n %lld, heads %lld/%lld, dim %lld, window %lld, groups %lld, topk %d, sinks %lld, "
                 "threads %d\n",
-                (long long)n, (long long)H, (long long)HKV, (long long)D, (long long)opt.window, (long long)opt.groups,
+                (long long)n, (long long)H, (long long)HKV, (long long)D, (long long)opt.local_window, (long long)opt.groups,
                 opt.topk, (long long)opt.sinks, num_threads());
     std::printf("density %.4f (%.4g of %.4g causal pairs per head; 1/density %.2f), group load max/mean %.3f\n",
                 density, pairs, causal_pairs, 1 / density, load);
@@ -242,7 +242,7 @@ int run_attention_bench(const AttnBenchOptions& opt, nlohmann::json* result) {
                      {"heads", H},
                      {"kv_heads", HKV},
                      {"dim", D},
-                     {"window", opt.window},
+                     {"window", opt.local_window},
                      {"groups", opt.groups},
                      {"topk", opt.topk},
                      {"sinks", opt.sinks},

@@ -12,7 +12,7 @@ struct AttnBenchOptions {
   int64_t heads = 8;
   int64_t kv_heads = 8;
   int64_t dim = 64;       // head_dim
-  int64_t window = 256;
+  int64_t local_window = 256;  // Focus local window
   int64_t groups = 16;
   int topk = 1;
   int64_t sinks = 0;

@@ -41,8 +41,8 @@ cpu::AttnShape focus_shape(const ModelConfig& c, const FocusSettings& fs, int64_
   s.kv_stride = c.kv_dim();
   s.o_stride = c.q_dim();
   s.scale = c.attn_scale;
-  s.sliding_window = c.layer_window[layer];
-  s.local_window = fs.window;
+  s.sliding_window = c.layer_sliding_window[layer];
+  s.local_window = fs.local_window;
   s.sinks = fs.sinks;
   s.groups = fs.groups;
   s.eps = fs.eps;
@@ -64,16 +64,16 @@ class WindowAttention final : public AttentionPolicy {
   void attend(const AttentionCall& a, std::unique_ptr<AttentionState>& state, AttentionStats* stats) const override {
     const ModelConfig& c = *a.cfg;
     const int64_t n = a.pos0 + a.T;
-    if (n <= fs_.window) return dense_attention().attend(a, state, nullptr);
+    if (n <= fs_.local_window) return dense_attention().attend(a, state, nullptr);
     if (a.pos0 == 0) {
       cpu::focus_window_attention(a.q, a.k, a.v, a.out, nullptr, focus_shape(c, fs_, a.layer, a.T));
       if (stats) {
         const int64_t T = a.T;
-        const double w = (double)std::min(fs_.window, T);
+        const double w = (double)std::min(fs_.local_window, T);
         // Window pairs, plus sink keys j < S outside the window of rows i >= w.
         double pairs = w * (w + 1) / 2 + (double)(T - (int64_t)w) * w;
         for (int64_t j = 0; j < std::min(fs_.sinks, T); ++j)
-          pairs += (double)std::max<int64_t>(0, T - (j + fs_.window));
+          pairs += (double)std::max<int64_t>(0, T - (j + fs_.local_window));
         add_causal(stats, 0, T, pairs);
       }
       return;
@@ -122,7 +122,7 @@ class FocusAttention final : public AttentionPolicy {
     fc.append(groups.data(), soft ? rc.p.data() : nullptr, a.T);
 
     const int64_t n = a.pos0 + a.T;
-    if (n <= fs_.window) return dense_attention().attend(a, state, nullptr);
+    if (n <= fs_.local_window) return dense_attention().attend(a, state, nullptr);
     if (a.pos0 > 0) {
       const int64_t pairs = cpu::focus_cached_attention(a.q, a.k, a.v, a.out, focus_shape(c, fs_, a.layer, n), a.pos0, a.T,
                                                    fs_.mode, fc, fs_.eps);
@@ -140,7 +140,7 @@ class FocusAttention final : public AttentionPolicy {
       if ((int64_t)stats->groups->size() < c.layers) stats->groups->resize(c.layers);
       (*stats->groups)[a.layer] = groups;
     }
-    add_causal(stats, 0, a.T, (double)cpu::focus_pair_count(routing, a.T, fs_.window, fs_.sinks));
+    add_causal(stats, 0, a.T, (double)cpu::focus_pair_count(routing, a.T, fs_.local_window, fs_.sinks));
     const GroupLoadStats g = group_load_stats(groups.data(), a.T, fs_.topk, fs_.groups);
     stats->load_max_over_mean = std::max(stats->load_max_over_mean, g.max_over_mean);
   }
@@ -198,7 +198,7 @@ AttentionPlan make_plan(const ModelConfig& c, const FocusRouters& f, FocusMode m
   auto window = mode == FocusMode::Window ? std::make_shared<WindowAttention>(fs) : nullptr;
   for (int64_t l = 0; l < c.layers; ++l) {
     const int64_t r = f.router_of_layer[l];
-    if (r < 0 || c.layer_window[l] > 0) continue;
+    if (r < 0 || c.layer_sliding_window[l] > 0) continue;
     if (window)
       plan.layers[l] = window;
     else

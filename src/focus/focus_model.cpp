@@ -39,7 +39,7 @@ int64_t FocusRouters::n_params() const {
 
 namespace {
 void check_settings(const FocusSettings& s, const ModelConfig& c, const std::string& where) {
-  FOCUS_CHECK(s.window >= 1, where, ": Focus window must be >= 1 (got ", s.window, ")");
+  FOCUS_CHECK(s.local_window >= 1, where, ": Focus window must be >= 1 (got ", s.local_window, ")");
   FOCUS_CHECK(s.sinks >= 0, where, ": sinks must be >= 0");
   FOCUS_CHECK(s.groups >= 1 && s.groups <= 4096, where, ": groups must be in [1, 4096] (got ", s.groups, ")");
   FOCUS_CHECK(s.dg >= 1 && s.dg <= c.dim, where, ": d_g must be in [1, ", c.dim, "] (got ", s.dg, ")");
@@ -55,7 +55,7 @@ FocusRouters focus_init(const ModelConfig& c, const FocusSettings& s, uint64_t s
   f.settings = s;
   f.router_of_layer.assign(c.layers, -1);
   for (int64_t l = 0; l < c.layers; ++l) {
-    if (c.layer_window[l] > 0) continue;  // a sliding-window layer is already local
+    if (c.layer_sliding_window[l] > 0) continue;  // a sliding-window layer is already local
     RouterConfig rc;
     rc.dim = c.dim;
     rc.d_g = s.dg;
@@ -93,7 +93,7 @@ void save_focus(const FocusRouters& f, const std::string& dir, const ModelConfig
                       {"model", model_path},
                       {"model_dim", c.dim},
                       {"model_layers", c.layers},
-                      {"window", s.window},
+                      {"window", s.local_window},
                       {"sinks", s.sinks},
                       {"groups", s.groups},
                       {"dg", s.dg},
@@ -127,7 +127,7 @@ FocusConfigFile read_focus_config(const std::string& dir, const ModelConfig& c) 
   FOCUS_CHECK(j.value("format", "") == "focus-router", jp, ": not a focus router config");
   FocusSettings s;
   try {
-    s.window = j.at("window").get<int64_t>();
+    s.local_window = j.at("window").get<int64_t>();
     s.sinks = j.at("sinks").get<int64_t>();
     s.groups = j.at("groups").get<int64_t>();
     s.dg = j.at("dg").get<int64_t>();
@@ -170,8 +170,8 @@ FocusRouters load_focus(const std::string& dir, const ModelConfig& c) {
     FOCUS_CHECK(f.router_of_layer[l] < 0, jp, ": layer ", l, " is listed twice");
     // Inference routes only global layers (forward() skips the others): a router on a
     // sliding-window layer would be trained but never used.
-    FOCUS_CHECK(c.layer_window[l] == 0, jp, ": layer ", l, " is a sliding-window layer (window ",
-                c.layer_window[l], "); routers belong on global attention layers only");
+    FOCUS_CHECK(c.layer_sliding_window[l] == 0, jp, ": layer ", l, " is a sliding-window layer (window ",
+                c.layer_sliding_window[l], "); routers belong on global attention layers only");
     const std::string p = "layers." + std::to_string(l) + ".";
     RouterConfig rc;
     rc.dim = c.dim;

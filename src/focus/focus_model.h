@@ -18,7 +18,7 @@ std::string to_string(FocusMode m);
 
 struct FocusSettings {
   FocusMode mode = FocusMode::Soft;
-  int64_t window = 64;     // local window w: pairs with i - j < w always attend
+  int64_t local_window = 64;  // w: pairs with i - j < w always attend (focus.json: "window")
   int64_t sinks = 1;       // the first S positions are visible to every token
   int64_t groups = 16;     // G
   int64_t dg = 16;         // routing dimension d_g

@@ -34,7 +34,7 @@ cpu::AttnShape dense_shape(const AttentionCall& c) {
   s.kv_stride = m.kv_dim();
   s.o_stride = m.q_dim();
   s.scale = m.attn_scale;
-  s.sliding_window = m.layer_window[c.layer];
+  s.sliding_window = m.layer_sliding_window[c.layer];
   return s;
 }
 
@@ -109,7 +109,7 @@ AttentionPlan make_attention_plan(const ModelConfig& c, const std::string& name)
     fail("unknown attention policy '", name, "' (registered: ", known, ")");
   }
   for (int64_t l = 0; l < c.layers; ++l)
-    if (c.layer_window[l] == 0) plan.layers[l] = factory(c, l);
+    if (c.layer_sliding_window[l] == 0) plan.layers[l] = factory(c, l);
   return plan;
 }
 

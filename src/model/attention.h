@@ -85,7 +85,7 @@ class AttentionPolicy {
 };
 
 // Plain causal attention, limited to the layer's sliding window when the model has one
-// (cfg.layer_window): the model's own attention, exact. One shared instance.
+// (cfg.layer_sliding_window): the model's own attention, exact. One shared instance.
 const AttentionPolicy& dense_attention();
 
 // The policy of every layer of a model.

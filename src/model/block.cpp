@@ -42,7 +42,7 @@ void model_norm_backward(const ModelConfig& c, const float* x, const float* w, c
 namespace {
 
 float rope_theta(const ModelConfig& c, int64_t layer) {
-  return c.layer_window[layer] > 0 ? c.rope_theta_local : c.rope_theta;
+  return c.layer_sliding_window[layer] > 0 ? c.rope_theta_local : c.rope_theta;
 }
 
 // The layer's attention call over what block_run left in A (training: k and v in A).

@@ -29,7 +29,7 @@ struct ModelConfig {
   float rope_theta_local = 10000.f;  // sliding-window layers (Gemma 3)
   // Attention.
   float attn_scale = 0.f;     // multiplies q.k (1/sqrt(head_dim) unless the model says otherwise)
-  std::vector<int64_t> layer_window;  // per layer: 0 = global causal, w = sliding window of w keys
+  std::vector<int64_t> layer_sliding_window;  // per layer: 0 = global causal, w = sliding window of w keys
   bool qk_norm = false;       // per-head RMSNorm of q and k (Gemma 3)
   bool post_norms = false;    // norms on the attention / MLP outputs before the residual (Gemma 3)
   float embed_scale = 1.f;    // token embeddings are multiplied by this (Gemma: sqrt(dim))

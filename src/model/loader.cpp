@@ -22,7 +22,7 @@ namespace {
 void apply_arch_defaults(ModelConfig& c) {
   if (c.head_dim == 0 && c.heads > 0) c.head_dim = c.dim / c.heads;
   if (c.attn_scale == 0.f) c.attn_scale = 1.0f / std::sqrt((float)c.head_dim);
-  if (c.layer_window.empty()) c.layer_window.assign(c.layers, 0);
+  if (c.layer_sliding_window.empty()) c.layer_sliding_window.assign(c.layers, 0);
   switch (c.arch) {
     case Arch::Llama:
       c.norm = NormKind::RMS;
@@ -57,7 +57,7 @@ void check_config(const ModelConfig& c, const std::string& path) {
               " kv heads");
   FOCUS_CHECK(c.head_dim > 0 && c.head_dim <= 1024, path, ": invalid head dimension ", c.head_dim);
   FOCUS_CHECK(c.rope_dim % 2 == 0 && c.rope_dim <= c.head_dim, path, ": invalid rotary dimension ", c.rope_dim);
-  FOCUS_CHECK((int64_t)c.layer_window.size() == c.layers, path, ": window layout has ", c.layer_window.size(),
+  FOCUS_CHECK((int64_t)c.layer_sliding_window.size() == c.layers, path, ": window layout has ", c.layer_sliding_window.size(),
               " entries for ", c.layers, " layers");
 }
 
@@ -107,9 +107,9 @@ std::unique_ptr<Model> load_gguf(const std::string& path, const LoadOptions& opt
   if (c.arch == Arch::Gemma3) {
     // Gemma 3: sliding-window layers with local RoPE base 10000; every 6th layer is global.
     const int64_t sw = f.get_int(key("attention.sliding_window"), 512);
-    c.layer_window.assign(c.layers, sw);
+    c.layer_sliding_window.assign(c.layers, sw);
     for (int64_t l = 0; l < c.layers; ++l)
-      if ((l + 1) % 6 == 0) c.layer_window[l] = 0;
+      if ((l + 1) % 6 == 0) c.layer_sliding_window[l] = 0;
     c.rope_theta_local = 10000.f;
     // GGUF norm weights of Gemma already include the +1 offset of Gemma's RMSNorm.
   }
@@ -309,15 +309,15 @@ std::unique_ptr<Model> load_safetensors(const std::string& dir, const LoadOption
     if (c.arch == Arch::Gemma3) {
       c.rope_theta_local = tnum("rope_local_base_freq", 10000.0);
       const int64_t sw = tnum("sliding_window", int64_t(512));
-      c.layer_window.assign(c.layers, 0);
+      c.layer_sliding_window.assign(c.layers, 0);
       if (t.contains("layer_types") && t["layer_types"].is_array()) {
         FOCUS_CHECK((int64_t)t["layer_types"].size() == c.layers, cfg_path, ": layer_types has the wrong length");
         for (int64_t l = 0; l < c.layers; ++l)
-          if (t["layer_types"][l] == "sliding_attention") c.layer_window[l] = sw;
+          if (t["layer_types"][l] == "sliding_attention") c.layer_sliding_window[l] = sw;
       } else {
         const int64_t pat = tnum("sliding_window_pattern", int64_t(6));
         for (int64_t l = 0; l < c.layers; ++l)
-          if ((l + 1) % pat != 0) c.layer_window[l] = sw;
+          if ((l + 1) % pat != 0) c.layer_sliding_window[l] = sw;
       }
       const double qs = tnum("query_pre_attn_scalar", 0.0);
       if (qs > 0) c.attn_scale = (float)(1.0 / std::sqrt(qs));

@@ -64,7 +64,7 @@ json run_identity(const Model& m, const RetrofitOptions& o) {
           {"betas", {o.adam.beta1, o.adam.beta2}},
           {"adam_eps", o.adam.eps},
           {"grad_clip", o.adam.grad_clip},
-          {"window", o.focus.window},
+          {"window", o.focus.local_window},
           {"sinks", o.focus.sinks},
           {"groups", o.focus.groups},
           {"dg", o.focus.dg},

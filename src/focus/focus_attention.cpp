@@ -32,16 +32,7 @@ struct RouterTape final : AttentionState {
 // The kernels' shape of a Focus layer over n tokens (self-attention from position 0; the cached
 // kernel reads its own pos0 and row count).
 cpu::AttnShape focus_shape(const ModelConfig& c, const FocusSettings& fs, int64_t layer, int64_t n) {
-  cpu::AttnShape s;
-  s.n_q = s.n_kv = n;
-  s.heads = c.heads;
-  s.kv_heads = c.kv_heads;
-  s.head_dim = c.head_dim;
-  s.q_stride = c.q_dim();
-  s.kv_stride = c.kv_dim();
-  s.o_stride = c.q_dim();
-  s.scale = c.attn_scale;
-  s.sliding_window = c.layer_sliding_window[layer];
+  cpu::AttnShape s = layer_attn_shape(c, layer, 0, n);
   s.local_window = fs.local_window;
   s.sinks = fs.sinks;
   s.groups = fs.groups;

@@ -20,41 +20,24 @@ void AttentionPolicy::train_backward(const AttentionCall& c, AttentionTape& tape
 
 namespace {
 
-// The model's own attention over keys 0 .. pos0+T-1 (training: pos0 = 0).
-cpu::AttnShape dense_shape(const AttentionCall& c) {
-  const ModelConfig& m = *c.cfg;
-  cpu::AttnShape s;
-  s.n_q = c.T;
-  s.n_kv = c.pos0 + c.T;
-  s.q_pos0 = c.pos0;
-  s.heads = m.heads;
-  s.kv_heads = m.kv_heads;
-  s.head_dim = m.head_dim;
-  s.q_stride = m.q_dim();
-  s.kv_stride = m.kv_dim();
-  s.o_stride = m.q_dim();
-  s.scale = m.attn_scale;
-  s.sliding_window = m.layer_sliding_window[c.layer];
-  return s;
-}
-
 class DenseAttention final : public AttentionPolicy {
  public:
   std::string name() const override { return "dense"; }
 
   void attend(const AttentionCall& c, std::unique_ptr<AttentionState>& state, AttentionStats* stats) const override {
-    cpu::flash_attention(c.q, c.k, c.v, c.out, nullptr, dense_shape(c));
+    cpu::flash_attention(c.q, c.k, c.v, c.out, nullptr, layer_attn_shape(*c.cfg, c.layer, c.pos0, c.T));
   }
 
   void train_forward(const AttentionCall& c, AttentionTape& tape) const override {
     tape.lse.resize(c.cfg->heads * c.T);
-    cpu::soft_attention_forward(c.q, c.k, c.v, nullptr, c.out, tape.lse.data(), dense_shape(c));
+    cpu::soft_attention_forward(c.q, c.k, c.v, nullptr, c.out, tape.lse.data(),
+                                layer_attn_shape(*c.cfg, c.layer, c.pos0, c.T));
   }
 
   void train_backward(const AttentionCall& c, AttentionTape& tape, const float* dout, float* dq, float* dk,
                       float* dv) const override {
     cpu::soft_attention_backward(c.q, c.k, c.v, nullptr, c.out, tape.lse.data(), dout, dq, dk, dv, nullptr,
-                                 dense_shape(c));
+                                 layer_attn_shape(*c.cfg, c.layer, c.pos0, c.T));
   }
 };
 
@@ -69,6 +52,22 @@ Registry& registry() {
 }
 
 }  // namespace
+
+cpu::AttnShape layer_attn_shape(const ModelConfig& c, int64_t layer, int64_t pos0, int64_t T) {
+  cpu::AttnShape s;
+  s.n_q = T;
+  s.n_kv = pos0 + T;
+  s.q_pos0 = pos0;
+  s.heads = c.heads;
+  s.kv_heads = c.kv_heads;
+  s.head_dim = c.head_dim;
+  s.q_stride = c.q_dim();
+  s.kv_stride = c.kv_dim();
+  s.o_stride = c.q_dim();
+  s.scale = c.attn_scale;
+  s.sliding_window = c.layer_sliding_window[layer];
+  return s;
+}
 
 const AttentionPolicy& dense_attention() {
   static const DenseAttention dense;

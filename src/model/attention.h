@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/cpu/attn_shape.h"
 #include "model/config.h"
 
 namespace focus {
@@ -83,6 +84,10 @@ class AttentionPolicy {
   // Whether train_backward accumulates gradients of parameters of its own.
   virtual bool trains_parameters() const { return false; }
 };
+
+// The kernels' shape for layer `layer` of c: T query rows at positions pos0 .. pos0+T-1 against
+// keys 0 .. pos0+T-1, rows laid out as the block lays them out, the layer's sliding window.
+cpu::AttnShape layer_attn_shape(const ModelConfig& c, int64_t layer, int64_t pos0, int64_t T);
 
 // Plain causal attention, limited to the layer's sliding window when the model has one
 // (cfg.layer_sliding_window): the model's own attention, exact. One shared instance.

@@ -39,24 +39,9 @@ bool all_b_zero(const LoraAdapters& a) {
 // trained adapters (data, optimizer, schedule, adapter shape) or the recorded validation (files,
 // windows).
 json run_identity(const Model& m, const LoraOptions& o, const LoraSettings& s) {
-  return {{"trainer", "lora"},
-          {"model", m.path},
-          {"train", o.train},
-          {"valid", o.valid},
-          {"valid_windows", o.valid_windows},
-          {"ctx", o.ctx},
-          {"steps", o.steps},
-          {"batch", o.batch},
-          {"warmup", o.warmup},
-          {"lr", o.adam.lr},
-          {"weight_decay", o.adam.weight_decay},
-          {"betas", {o.adam.beta1, o.adam.beta2}},
-          {"adam_eps", o.adam.eps},
-          {"grad_clip", o.adam.grad_clip},
-          {"rank", s.rank},
-          {"alpha", s.alpha},
-          {"targets", s.targets},
-          {"seed", o.seed}};
+  json j = train_options_identity(m, o);
+  j.update({{"trainer", "lora"}, {"rank", s.rank}, {"alpha", s.alpha}, {"targets", s.targets}});
+  return j;
 }
 
 }  // namespace

@@ -51,30 +51,18 @@ ValidResult valid_from_json(const json& j) {
 // trained routers (data, optimizer, schedule, router shape, balancing) or the recorded validation
 // (files, windows, hard top-k).
 json run_identity(const Model& m, const RetrofitOptions& o) {
-  return {{"model", m.path},
-          {"train", o.train},
-          {"valid", o.valid},
-          {"valid_windows", o.valid_windows},
-          {"ctx", o.ctx},
-          {"steps", o.steps},
-          {"batch", o.batch},
-          {"warmup", o.warmup},
-          {"lr", o.adam.lr},
-          {"weight_decay", o.adam.weight_decay},
-          {"betas", {o.adam.beta1, o.adam.beta2}},
-          {"adam_eps", o.adam.eps},
-          {"grad_clip", o.adam.grad_clip},
-          {"window", o.focus.local_window},
-          {"sinks", o.focus.sinks},
-          {"groups", o.focus.groups},
-          {"dg", o.focus.dg},
-          {"topk", o.focus.topk},
-          {"tau", o.focus.tau},
-          {"learn_tau", o.focus.learn_tau},
-          {"seed", o.seed},
-          {"balance", balance_name(o.balance)},
-          {"balance_weight", o.balance_weight},
-          {"init", o.init}};
+  json j = train_options_identity(m, o);
+  j.update({{"window", o.focus.local_window},
+            {"sinks", o.focus.sinks},
+            {"groups", o.focus.groups},
+            {"dg", o.focus.dg},
+            {"topk", o.focus.topk},
+            {"tau", o.focus.tau},
+            {"learn_tau", o.focus.learn_tau},
+            {"balance", balance_name(o.balance)},
+            {"balance_weight", o.balance_weight},
+            {"init", o.init}});
+  return j;
 }
 
 // Replaces the seeded routers of f by those saved in dir (the settings that define the

@@ -14,6 +14,23 @@ using json = nlohmann::json;
 
 namespace focus {
 
+nlohmann::json train_options_identity(const Model& m, const TrainOptions& o) {
+  return {{"model", m.path},
+          {"train", o.train},
+          {"valid", o.valid},
+          {"valid_windows", o.valid_windows},
+          {"ctx", o.ctx},
+          {"steps", o.steps},
+          {"batch", o.batch},
+          {"warmup", o.warmup},
+          {"lr", o.adam.lr},
+          {"weight_decay", o.adam.weight_decay},
+          {"betas", {o.adam.beta1, o.adam.beta2}},
+          {"adam_eps", o.adam.eps},
+          {"grad_clip", o.adam.grad_clip},
+          {"seed", o.seed}};
+}
+
 TrainData prepare_train_data(const Model& m, const TrainOptions& o, const std::string& name) {
   FOCUS_CHECK(m.tok, name, ": the model has no tokenizer");
   FOCUS_CHECK(!o.train.empty(), name, ": give at least one --train file");

@@ -46,6 +46,10 @@ struct TrainData {
   std::vector<std::vector<int32_t>> valid_ids, valid_targets;
 };
 
+// The options every checkpoint must share with the run that resumes it (model, data, schedule,
+// optimizer, validation, seed); each trainer adds what shapes its own parameters.
+nlohmann::json train_options_identity(const Model& m, const TrainOptions& o);
+
 // Checks the options (errors start with `name`), creates the output folder, tokenizes the
 // documents and cuts the validation windows.
 TrainData prepare_train_data(const Model& m, const TrainOptions& o, const std::string& name);

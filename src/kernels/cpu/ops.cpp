@@ -130,7 +130,11 @@ void layernorm_backward(const float* x, const float* w, const float* dy, float* 
   }
 }
 
-void rope(float* x, int64_t T, int64_t H, int64_t hd, int64_t rot_dim, int64_t pos0, float theta, RopeStyle style) {
+namespace {
+// Rotates each pair (a, b) of the first rot_dim dims of every head by the position's angle,
+// [[c, -s], [s, c]] for direction 1; direction -1 applies the transpose (the inverse rotation).
+void rotate_pairs(float* x, int64_t T, int64_t H, int64_t hd, int64_t rot_dim, int64_t pos0, float theta,
+                  RopeStyle style, float direction) {
   const int64_t half = rot_dim / 2;
 #pragma omp parallel for schedule(static) if (T > 4)
   for (int64_t t = 0; t < T; ++t) {
@@ -139,7 +143,7 @@ void rope(float* x, int64_t T, int64_t H, int64_t hd, int64_t rot_dim, int64_t p
       // Frequencies in double so every format and path agrees on the angle.
       const double freq = std::pow((double)theta, -2.0 * (double)i / (double)rot_dim);
       const double ang = pos * freq;
-      const float c = (float)std::cos(ang), s = (float)std::sin(ang);
+      const float c = (float)std::cos(ang), s = direction * (float)std::sin(ang);
       for (int64_t h = 0; h < H; ++h) {
         float* v = x + (t * H + h) * hd;
         const int64_t a = style == RopeStyle::Interleaved ? 2 * i : i;
@@ -151,28 +155,15 @@ void rope(float* x, int64_t T, int64_t H, int64_t hd, int64_t rot_dim, int64_t p
     }
   }
 }
+}  // namespace
+
+void rope(float* x, int64_t T, int64_t H, int64_t hd, int64_t rot_dim, int64_t pos0, float theta, RopeStyle style) {
+  rotate_pairs(x, T, H, hd, rot_dim, pos0, theta, style, 1.f);
+}
 
 void rope_backward(float* dx, int64_t T, int64_t H, int64_t hd, int64_t rot_dim, int64_t pos0, float theta,
                    RopeStyle style) {
-  const int64_t half = rot_dim / 2;
-#pragma omp parallel for schedule(static) if (T > 4)
-  for (int64_t t = 0; t < T; ++t) {
-    const double pos = (double)(pos0 + t);
-    for (int64_t i = 0; i < half; ++i) {
-      const double freq = std::pow((double)theta, -2.0 * (double)i / (double)rot_dim);
-      const double ang = pos * freq;
-      const float c = (float)std::cos(ang), s = (float)std::sin(ang);
-      for (int64_t h = 0; h < H; ++h) {
-        float* v = dx + (t * H + h) * hd;
-        const int64_t a = style == RopeStyle::Interleaved ? 2 * i : i;
-        const int64_t b = style == RopeStyle::Interleaved ? 2 * i + 1 : i + half;
-        const float g0 = v[a], g1 = v[b];
-        // Transpose of [[c, -s], [s, c]].
-        v[a] = g0 * c + g1 * s;
-        v[b] = -g0 * s + g1 * c;
-      }
-    }
-  }
+  rotate_pairs(dx, T, H, hd, rot_dim, pos0, theta, style, -1.f);
 }
 
 namespace {

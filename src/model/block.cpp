@@ -170,6 +170,15 @@ void block_run(const Model& m, const AttentionPolicy& policy, const BlockIO& io,
   cpu::add_inplace(io.x_out, A.h1.data(), T * D);
 }
 
+// The gradient before a post norm (Gemma 3) given dy after it: in buf, or dy itself without one.
+const float* post_norm_backward(const ModelConfig& c, const std::vector<float>& pre, const float* w,
+                                const float* dy, int64_t T, std::vector<float>& buf) {
+  if (!c.post_norms) return dy;
+  buf.resize(T * c.dim);
+  cpu::rmsnorm_backward(pre.data(), w, dy, buf.data(), T, c.dim, c.norm_eps, false);
+  return buf.data();
+}
+
 }  // namespace
 
 void block_forward(const Model& m, const AttentionPolicy& policy, const BlockIO& io, BlockActs& A,
@@ -194,12 +203,7 @@ void block_backward(const Model& m, const AttentionPolicy& policy, int64_t l, in
   };
 
   // MLP block: x_out = h1 + post(down(act)).
-  const float* dm = dx;
-  if (c.post_norms) {
-    S.d1.resize(T * D);
-    cpu::rmsnorm_backward(A.m_pre.data(), L.post_ffn_norm, dx, S.d1.data(), T, D, c.norm_eps, false);
-    dm = S.d1.data();
-  }
+  const float* dm = post_norm_backward(c, A.m_pre, L.post_ffn_norm, dx, T, S.d1);
   S.dact.resize(T * F);
   cpu::linear_backward_input(dm, L.w_down, S.dact.data(), T, F, D, false);
   S.dup.resize(T * F);
@@ -220,12 +224,7 @@ void block_backward(const Model& m, const AttentionPolicy& policy, int64_t l, in
   model_norm_backward(c, A.h1.data(), L.ffn_norm, S.dxn.data(), dx, T, true);
 
   // Attention block: h1 = x_in + post(att Wo^T).
-  const float* da = dx;
-  if (c.post_norms) {
-    S.d1.resize(T * D);
-    cpu::rmsnorm_backward(A.a_pre.data(), L.post_attn_norm, dx, S.d1.data(), T, D, c.norm_eps, false);
-    da = S.d1.data();
-  }
+  const float* da = post_norm_backward(c, A.a_pre, L.post_attn_norm, dx, T, S.d1);
   S.datt.resize(T * QD);
   cpu::linear_backward_input(da, L.wo, S.datt.data(), T, QD, D, false);
   adapt_back(kProjO, A.att.data(), da, S.datt.data());

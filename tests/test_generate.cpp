@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "core/progress.h"
 #include "io/text.h"
 #include "model/generate.h"
 #include "test_util.h"
@@ -170,6 +171,24 @@ TEST(Generate, CallbackStreamsEachTokenAndCanStop) {
     EXPECT_EQ(seen[i].first, r.tokens[prompt.size() + i]);
     EXPECT_EQ(seen[i].second, r.tokens[prompt.size() + i - 1]);
   }
+}
+
+TEST(Generate, AStopRequestEndsGenerationBeforeTheNextToken) {
+  FOCUS_NEED_FILE(stories());
+  auto m = stories_model();
+  const std::vector<int32_t> prompt = prompt_of(*m, "Once upon a time");
+  GenerateOptions o;
+  o.max_new_tokens = 6;
+  o.stop_at_eos = false;
+  request_interrupt();
+  const GenerateResult r = generate(*m, prompt, o);
+  clear_interrupt();
+  EXPECT_TRUE(r.stopped);
+  EXPECT_EQ(r.generated, 0);
+  EXPECT_EQ(r.tokens, prompt);
+  const GenerateResult again = generate(*m, prompt, o);
+  EXPECT_FALSE(again.stopped);
+  EXPECT_EQ(again.generated, 6);
 }
 
 TEST(Generate, StopsAtTheModelsContextAndGeneratesNothingForZero) {

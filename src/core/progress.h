@@ -27,7 +27,7 @@ class Progress {
 
 // A process-wide stop request. Evaluation, training and generation loops check interrupted()
 // and end cleanly (a training run writes its checkpoint). The library never sets it on its own:
-// the program does (the focus command from its SIGINT handler). Both calls are lock-free and
+// the program does (the focus command from its SIGINT handler). These calls are lock-free and
 // safe in a signal handler.
 void request_interrupt();
 void clear_interrupt();

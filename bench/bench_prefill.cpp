@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "cli/process.h"
 #include "core/error.h"
 #include "core/threads.h"
 #include "kernels/cpu/ops.h"
@@ -56,7 +57,7 @@ double sgemm_gflops(int M, int N, int K, int reps) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  select_blas_kernels(argv);
+  focus::cli::reexec_for_blas_kernels(argv);
   std::string model = "smollm2", json_path;
   std::vector<int64_t> ctxs = {512, 2048};
   int reps = 3, threads = 0;

@@ -3,7 +3,6 @@
 #include <unistd.h>
 
 #include <atomic>
-#include <csignal>
 #include <cstdio>
 
 namespace focus {
@@ -63,18 +62,12 @@ void Progress::finish(const std::string& extra) {
 }
 
 namespace {
-std::atomic<int> g_interrupts{0};
-void on_sigint(int) {
-  if (g_interrupts.fetch_add(1) >= 1) _exit(130);
-}
+std::atomic<bool> g_interrupt{false};
+static_assert(std::atomic<bool>::is_always_lock_free);
 }  // namespace
 
-void install_interrupt_handler() {
-  struct sigaction sa {};
-  sa.sa_handler = on_sigint;
-  sigemptyset(&sa.sa_mask);
-  sigaction(SIGINT, &sa, nullptr);
-}
-bool interrupted() { return g_interrupts.load() > 0; }
+void request_interrupt() { g_interrupt.store(true); }
+void clear_interrupt() { g_interrupt.store(false); }
+bool interrupted() { return g_interrupt.load(); }
 
 }  // namespace focus

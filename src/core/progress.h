@@ -1,4 +1,4 @@
-// Progress bar on stderr (rate and ETA), and clean Ctrl-C handling.
+// Progress bar on stderr (rate and ETA), and the stop request that long loops check.
 #pragma once
 #include <chrono>
 #include <cstdint>
@@ -25,8 +25,12 @@ class Progress {
   bool drawn_ = false;
 };
 
-// Installs a SIGINT handler that sets a flag (a second Ctrl-C exits at once).
-void install_interrupt_handler();
+// A process-wide stop request. Evaluation, training and generation loops check interrupted()
+// and end cleanly (a training run writes its checkpoint). The library never sets it on its own:
+// the program does (the focus command from its SIGINT handler). These calls are lock-free and
+// safe in a signal handler.
+void request_interrupt();
+void clear_interrupt();
 bool interrupted();
 
 }  // namespace focus

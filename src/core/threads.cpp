@@ -1,9 +1,6 @@
 #include "core/threads.h"
 
 #include <omp.h>
-#include <unistd.h>
-
-#include <cstdlib>
 
 extern "C" void openblas_set_num_threads(int);
 
@@ -15,15 +12,11 @@ void set_threads(int n) {
 }
 int num_threads() { return omp_get_max_threads(); }
 
-void select_blas_kernels(char** argv) {
-  if (std::getenv("OPENBLAS_CORETYPE") || std::getenv("FOCUS_NO_REEXEC")) return;
+const char* preferred_blas_coretype() {
   __builtin_cpu_init();
-  if (!(__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-        __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl")))
-    return;
-  setenv("OPENBLAS_CORETYPE", "SkylakeX", 1);
-  setenv("FOCUS_NO_REEXEC", "1", 1);
-  execv("/proc/self/exe", argv);
-  // exec failed: carry on with the kernels already chosen.
+  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+      __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl"))
+    return "SkylakeX";
+  return nullptr;
 }
 }  // namespace focus

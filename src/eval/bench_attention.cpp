@@ -86,7 +86,6 @@ int run_attention_bench(const AttnBenchOptions& opt, nlohmann::json* result) {
     FOCUS_CHECK(opt.n >= 1 && opt.heads >= 1 && opt.kv_heads >= 1 && opt.dim >= 1 && opt.reps >= 1,
                 "bench attention: n, heads, kv_heads, dim and reps must be positive");
     FOCUS_CHECK(opt.groups >= opt.topk, "bench attention: need groups >= topk");
-    set_threads(opt.threads);
     const int64_t n = opt.n, H = opt.heads, HKV = opt.kv_heads, D = opt.dim;
 
     std::vector<float> q(n * H * D), k(n * HKV * D), v(n * HKV * D), o(n * H * D), lse(H * n);

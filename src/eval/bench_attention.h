@@ -16,7 +16,6 @@ struct AttnBenchOptions {
   int64_t groups = 16;
   int topk = 1;
   int64_t sinks = 0;
-  int threads = 0;        // 0: all cores
   int reps = 3;           // timed repetitions (median), after one warm-up run
   int dense_reps = -1;    // dense repetitions: -1 = reps, 0 = skip dense; 1 = one run, no warm-up
   bool dense_tiles = true;  // also time dense causal on the sparse kernels' tile engine
@@ -26,7 +25,8 @@ struct AttnBenchOptions {
   bool json = false;      // print one JSON object as the last stdout line
 };
 
-// Prints a table (and with opt.json the JSON line); stores the JSON in *result when given.
+// Runs on the threads the caller set (set_threads). Prints a table (and with opt.json the JSON
+// line); stores the JSON in *result when given.
 // Returns 0, or 1 after printing an error.
 int run_attention_bench(const AttnBenchOptions& opt, nlohmann::json* result = nullptr);
 

@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <limits>
@@ -267,6 +268,20 @@ std::vector<TaskInfo> list_tasks(const std::string& bench_dir) {
   std::vector<TaskInfo> out;
   for (const auto& t : known_tasks())
     if (std::filesystem::is_regular_file(std::filesystem::path(bench_dir) / t.rel_path)) out.push_back(t);
+  return out;
+}
+
+std::string default_bench_dir() {
+  if (const char* d = std::getenv("FOCUS_DATA"); d && *d) return std::string(d) + "/bench";
+  return "../shared/data/bench";
+}
+
+std::vector<std::string> resolve_task_names(const std::vector<std::string>& names, const std::string& bench_dir) {
+  if (names.empty()) return {"hellaswag", "truthfulqa_mc1", "truthfulqa_mc2"};
+  if (names.size() != 1 || names[0] != "all") return names;
+  std::vector<std::string> out;
+  for (const auto& t : list_tasks(bench_dir)) out.push_back(t.name);
+  FOCUS_CHECK(!out.empty(), bench_dir, ": no known task file is present");
   return out;
 }
 

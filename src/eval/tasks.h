@@ -66,6 +66,11 @@ struct TaskInfo {
 const std::vector<TaskInfo>& known_tasks();
 // The known tasks whose file exists under bench_dir, in known_tasks() order.
 std::vector<TaskInfo> list_tasks(const std::string& bench_dir);
+// The default bench directory: $FOCUS_DATA/bench, else ../shared/data/bench.
+std::string default_bench_dir();
+// Task names as a user gives them: none means hellaswag, truthfulqa_mc1, truthfulqa_mc2; "all"
+// means every known task present under bench_dir (Error if none is).
+std::vector<std::string> resolve_task_names(const std::vector<std::string>& names, const std::string& bench_dir);
 // Loads a task by name (see known_tasks()); unknown names and missing files throw Error.
 TaskSet load_task(const std::string& name, const std::string& bench_dir);
 

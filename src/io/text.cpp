@@ -2,6 +2,7 @@
 
 #include "core/error.h"
 #include "core/mapped_file.h"
+#include "io/tokenizer.h"
 
 namespace focus::io {
 namespace {
@@ -104,6 +105,18 @@ std::string load_text(const std::string& path, PrepareStats* stats) {
   std::string s = prepare_text(raw, stats);
   FOCUS_CHECK(s.find_first_not_of(" \t\n") != std::string::npos, path, ": no text left after preparation");
   return s;
+}
+
+std::vector<int32_t> load_text_tokens(const Tokenizer& tok, const std::vector<std::string>& paths,
+                                      int64_t max_tokens) {
+  std::vector<int32_t> ids;
+  for (const auto& path : paths) {
+    const std::vector<int32_t> t = tok.encode(load_text(path), false);
+    FOCUS_CHECK(!t.empty(), path, ": the text encodes to no tokens");
+    ids.insert(ids.end(), t.begin(), t.end());
+  }
+  if (max_tokens > 0 && (int64_t)ids.size() > max_tokens) ids.resize(max_tokens);
+  return ids;
 }
 
 }  // namespace focus::io

@@ -1,7 +1,9 @@
 // Text preparation: UTF-8 BOM, CRLF and Project Gutenberg boilerplate.
 #pragma once
+#include <cstdint>
 #include <string>
 #include <string_view>
+#include <vector>
 
 namespace focus::io {
 
@@ -17,6 +19,13 @@ std::string prepare_text(std::string_view raw, PrepareStats* stats = nullptr);
 // Reads FILE and prepares it; throws Error naming the file if it is missing, empty after
 // preparation, or not valid UTF-8 (the message gives the byte offset).
 std::string load_text(const std::string& path, PrepareStats* stats = nullptr);
+
+class Tokenizer;
+
+// Each file loaded with load_text and encoded without BOS, concatenated; the first max_tokens
+// tokens when max_tokens > 0. Throws Error naming a file that encodes to no tokens.
+std::vector<int32_t> load_text_tokens(const Tokenizer& tok, const std::vector<std::string>& paths,
+                                      int64_t max_tokens = 0);
 
 // Offset of the first invalid UTF-8 byte, or npos.
 size_t find_invalid_utf8(std::string_view s);

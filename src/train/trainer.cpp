@@ -208,7 +208,6 @@ TrainLoopResult run_train_loop(const Model& m, const TrainOptions& o, const Trai
   res.before = ck.before;
 
   std::vector<std::vector<float>> grads(task.params.size());
-  install_interrupt_handler();
   Progress bar(task.name, o.steps, "step");
   const auto t0 = std::chrono::steady_clock::now();
   const double seconds_before = ck.seconds;  // time spent by the runs this one resumes

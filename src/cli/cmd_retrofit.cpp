@@ -1,0 +1,91 @@
+// focus retrofit: train the Focus routers of a frozen model on text.
+#include <cstdio>
+#include <iostream>
+#include <nlohmann/json.hpp>
+
+#include "cli/process.h"
+#include "cli/setup.h"
+#include "train/retrofit.h"
+
+namespace focus::cli {
+namespace {
+
+struct RetrofitFlags {
+  ModelSetup s;
+  RetrofitOptions o;
+  std::string balance = "none";
+  CLI::App* app = nullptr;
+};
+
+int run_retrofit_cmd(const RetrofitFlags& f) {
+  const Loaded l = f.s.load();
+  const Model& m = *l.model;
+  RetrofitOptions o = f.o;
+  if (!o.init.empty()) {  // the router shape follows the --init folder unless a flag gives it
+    const FocusSettings s = load_focus_settings(o.init, m.cfg);
+    if (!f.app->count("--groups")) o.focus.groups = s.groups;
+    if (!f.app->count("--dg")) o.focus.dg = s.dg;
+    if (!f.app->count("--tau")) o.focus.tau = s.tau;
+    if (!f.app->count("--learn-tau")) o.focus.learn_tau = s.learn_tau;
+  }
+  o.balance = parse_balance(f.balance);
+  install_interrupt_handler();
+  const RetrofitResult r = run_retrofit(m, o);
+  auto row = [](const char* name, double a, double b) { std::printf("  %-28s %10.3f %10.3f\n", name, a, b); };
+  std::printf("\nretrofit of %s: %lld steps, %lld training tokens, %.1f tok/s, %lld router parameters\n",
+              m.path.c_str(), (long long)r.steps, (long long)r.train_tokens, r.tokens_per_s,
+              (long long)r.router_params);
+  std::printf("validation perplexity (%lld tokens)      before      after\n", (long long)r.before.tokens);
+  row("pretrained (full attention)", r.before.ppl_pretrained, r.before.ppl_pretrained);
+  row("sliding window + sinks only", r.before.ppl_window, r.before.ppl_window);
+  row("Focus soft", r.before.ppl_soft, r.after.ppl_soft);
+  row("Focus hard top-1", r.before.ppl_hard, r.after.ppl_hard);
+  if (r.after.ppl_hard_k2 > 0) row("Focus hard top-2", r.before.ppl_hard_k2, r.after.ppl_hard_k2);
+  std::printf("  hard top-1 density %.3f -> %.3f of causal pairs; group load max/mean %.2f -> %.2f\n",
+              r.before.density_hard, r.after.density_hard, r.before.load_max_over_mean, r.after.load_max_over_mean);
+  std::printf("routers written to %s (focus.json, router.safetensors, metrics.jsonl)\n", o.out.c_str());
+  if (f.s.as_json) {
+    nlohmann::json j{{"valid_ppl_pretrained", r.before.ppl_pretrained},
+                     {"valid_ppl_window", r.before.ppl_window},
+                     {"valid_ppl_soft", r.after.ppl_soft},
+                     {"valid_ppl_hard", r.after.ppl_hard},
+                     {"valid_ppl_hard_k2", r.after.ppl_hard_k2},
+                     {"valid_ppl_soft_before", r.before.ppl_soft},
+                     {"valid_ppl_hard_before", r.before.ppl_hard},
+                     {"density_hard", r.after.density_hard},
+                     {"load_max_over_mean", r.after.load_max_over_mean},
+                     {"train_tokens", r.train_tokens},
+                     {"tokens_per_s", r.tokens_per_s},
+                     {"steps", r.steps},
+                     {"router_params", r.router_params},
+                     {"interrupted", r.interrupted},
+                     {"out", o.out}};
+    std::cout << j.dump() << "\n";
+  }
+  return r.interrupted ? 130 : 0;
+}
+
+}  // namespace
+
+Command add_retrofit(CLI::App& app) {
+  auto f = std::make_shared<RetrofitFlags>();
+  auto* sub = app.add_subcommand("retrofit", "train the Focus routers of a frozen model on text");
+  f->app = sub;
+  RetrofitOptions& o = f->o;
+  add_train_options(sub, o, f->s, "router");
+  sub->add_option("--window", o.focus.local_window, "Focus local window");
+  sub->add_option("--sinks", o.focus.sinks, "sink tokens");
+  sub->add_option("--groups", o.focus.groups, "groups G");
+  sub->add_option("--dg", o.focus.dg, "routing dimension d_g");
+  sub->add_option("--topk", o.focus.topk, "top-k for hard validation");
+  sub->add_option("--tau", o.focus.tau, "router temperature (the initial value with --learn-tau)");
+  sub->add_flag("--learn-tau", o.focus.learn_tau, "train each router's temperature too");
+  sub->add_option("--balance", f->balance, "group balancing: none, swav (Sinkhorn targets), bias (load-driven bias)");
+  sub->add_option("--balance-weight", o.balance_weight, "SwAV loss weight or bias rate");
+  sub->add_option("--init", o.init,
+                  "start from the routers in this folder (continue training: more text, longer --ctx); "
+                  "--groups, --dg, --tau, --learn-tau default to the folder's");
+  return {sub, [f] { return run_retrofit_cmd(*f); }};
+}
+
+}  // namespace focus::cli

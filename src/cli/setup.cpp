@@ -1,0 +1,121 @@
+#include "cli/setup.h"
+
+#include <cstdio>
+
+#include "core/error.h"
+#include "train/lora.h"
+
+namespace focus::cli {
+
+void FocusFlags::add(CLI::App* app) {
+  app_ = app;
+  app->add_option("--focus", dir, "router folder (focus.json + router.safetensors), or 'random'");
+  app->add_option("--mode", mode, "Focus mode: soft (training form), hard (top-k sparse), window (local window + sinks only) or off");
+  app->add_option("--topk", topk, "hard mode: groups kept per token (1 or 2)");
+  app->add_option("--window", window, "Focus local window (default 64)");
+  app->add_option("--sinks", sinks, "sink tokens visible to all (default 1)");
+  app->add_option("--groups", groups, "groups G for a random router");
+  app->add_option("--dg", dg, "routing dimension d_g for a random router");
+  app->add_option("--tau", tau, "temperature for a random router");
+  app->add_option("--router-seed", seed, "seed for a random router");
+}
+
+void FocusFlags::check() const {
+  if (dir.empty()) {
+    for (const char* f : {"--mode", "--topk", "--window", "--sinks", "--groups", "--dg", "--tau", "--router-seed"})
+      FOCUS_CHECK(!given(f), f, " needs --focus DIR (or --focus random)");
+  } else if (dir != "random") {
+    for (const char* f : {"--groups", "--dg", "--tau", "--router-seed"})
+      FOCUS_CHECK(!given(f), f, " applies only to --focus random (the routers in ", dir, " fix it)");
+  }
+}
+
+std::unique_ptr<FocusRouters> FocusFlags::make(const Model& m) const {
+  check();
+  if (dir.empty()) return nullptr;
+  std::unique_ptr<FocusRouters> f;
+  if (dir == "random") {
+    FocusSettings s;
+    s.groups = groups;
+    s.dg = dg;
+    s.tau = tau;
+    if (window >= 0) s.local_window = window;
+    if (sinks >= 0) s.sinks = sinks;
+    if (topk) s.topk = topk;
+    f = std::make_unique<FocusRouters>(focus_init(m.cfg, s, seed));
+  } else {
+    f = std::make_unique<FocusRouters>(load_focus(dir, m.cfg));
+    if (window >= 0) f->settings.local_window = window;
+    if (sinks >= 0) f->settings.sinks = sinks;
+    if (topk) f->settings.topk = topk;
+  }
+  if (!mode.empty()) f->settings.mode = parse_focus_mode(mode);
+  FOCUS_CHECK(f->settings.local_window >= 1, "--window must be >= 1");
+  FOCUS_CHECK(f->settings.topk >= 1 && f->settings.topk <= 2 && f->settings.topk <= f->settings.groups,
+              "--topk must be 1 or 2 (and at most the number of groups)");
+  return f;
+}
+
+std::string describe_focus(const FocusRouters* f) {
+  if (!f) return "off";
+  const FocusSettings& s = f->settings;
+  return to_string(s.mode) + " (window " + std::to_string(s.local_window) + ", sinks " + std::to_string(s.sinks) +
+         ", groups " + std::to_string(s.groups) + ", d_g " + std::to_string(s.dg) +
+         (s.mode == FocusMode::Hard ? ", top-" + std::to_string(s.topk) : "") + ", " +
+         std::to_string(f->routers.size()) + " routers)";
+}
+
+void ModelSetup::add_model(CLI::App* app, bool required, bool positional) {
+  CLI::Option* o =
+      positional ? app->add_option("model", model, "MODEL (.gguf, llama2.c .bin, safetensors folder, smollm2, gemma3-270m)")
+                 : app->add_option("--model", model, "MODEL");
+  if (required) o->required();
+  app->add_option("--tokenizer", tokenizer, "tokenizer file (llama2.c models)");
+}
+
+void ModelSetup::add_lora(CLI::App* app) {
+  app->add_option("--lora", lora, "LoRA folder (lora.json + lora.safetensors) merged into the weights");
+}
+
+void ModelSetup::add_json(CLI::App* app, const std::string& help) { app->add_flag("--json", as_json, help); }
+
+void ModelSetup::check() const {
+  if (uses_focus_) focus.check();
+}
+
+Loaded ModelSetup::load() const {
+  check();
+  LoadOptions lo;
+  lo.tokenizer = tokenizer;
+  Loaded l;
+  l.model = load_model(model, lo);
+  if (!lora.empty()) {
+    load_and_apply_lora(*l.model, lora);  // adapters merged into the weights
+    std::printf("lora %s merged\n", lora.c_str());
+  }
+  if (uses_focus_) l.focus = focus.make(*l.model);
+  if (l.focus) l.plan = focus_plan(l.model->cfg, *l.focus);
+  return l;
+}
+
+void add_train_options(CLI::App* app, TrainOptions& o, ModelSetup& s, const std::string& what) {
+  s.add_model(app);
+  app->add_option("--train", o.train, "training text files (each file is a document)")->required();
+  app->add_option("--valid", o.valid, "validation text files (never the same documents)")->required();
+  app->add_option("--ctx", o.ctx, "window length in tokens");
+  app->add_option("--steps", o.steps, "optimizer steps");
+  app->add_option("--batch", o.batch, "windows per step");
+  app->add_option("--lr", o.adam.lr, "peak learning rate (AdamW)");
+  app->add_option("--warmup", o.warmup, "warm-up steps");
+  app->add_option("--weight-decay", o.adam.weight_decay, "AdamW weight decay");
+  app->add_option("--eval-every", o.eval_every, "validate every N steps");
+  app->add_option("--valid-windows", o.valid_windows, "validation windows");
+  app->add_option("--checkpoint-seconds", o.checkpoint_seconds, "seconds between checkpoints");
+  app->add_option("--seed", o.seed, "seed (" + what + " init and window sampling)");
+  app->add_option("--out", o.out, "output folder")->required();
+  app->add_flag("--resume", o.resume, "continue from the checkpoint in --out");
+  app->add_option("--stop-after", o.stop_after, "end this run after N steps with a checkpoint (resume later)");
+  s.add_json(app);
+}
+
+}  // namespace focus::cli

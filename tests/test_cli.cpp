@@ -1,0 +1,119 @@
+// The focus command itself (FOCUS_BIN): flags that shape routers are errors without --focus
+// (they used to be ignored), generate prints what the library generates, bad -n is refused.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+
+#include <cstdlib>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "core/mapped_file.h"
+#include "model/generate.h"
+#include "test_util.h"
+
+using focus::test::book;
+using focus::test::stories;
+using focus::test::tok512;
+
+namespace {
+
+std::string focus_bin() {
+  if (const char* e = std::getenv("FOCUS_BIN")) return e;
+  return std::string(FOCUS_SOURCE_DIR) + "/build/focus";
+}
+
+struct CliRun {
+  int code;
+  std::string out, err;
+};
+
+CliRun run(const std::string& args, const std::string& tag = "") {
+  // Files per test: ctest runs the tests in parallel processes.
+  const std::string base = ::testing::TempDir() + "/focus_cli_" +
+                           ::testing::UnitTest::GetInstance()->current_test_info()->name() + tag;
+  const std::string cmd = focus_bin() + " -t 1 " + args + " >" + base + ".out 2>" + base + ".err";
+  const int st = std::system(cmd.c_str());
+  return {WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st), focus::read_file(base + ".out"),
+          focus::read_file(base + ".err")};
+}
+
+std::string model_args() { return "--model " + stories() + " --tokenizer " + tok512(); }
+std::string text() { return book("pg-345-dracula.txt"); }
+
+}  // namespace
+
+TEST(Cli, RouterFlagsWithoutFocusAreErrorsNamingTheFlag) {
+  FOCUS_NEED_FILE(stories());
+  const std::vector<std::string> flags = {"--sinks 2", "--groups 4", "--dg 8",      "--tau 0.5",
+                                          "--topk 1",  "--mode hard", "--window 32", "--router-seed 3"};
+  const std::vector<std::string> commands = {
+      "eval " + model_args() + " --text " + text() + " --ctx 64 --max-tokens 128",
+      "generate " + model_args() + " -p Once -n 2",
+      "bench-tasks " + model_args() + " --bench-dir " + ::testing::TempDir() + " --limit 1",
+  };
+  int i = 0;
+  for (const auto& c : commands) {
+    for (const auto& f : flags) {
+      const CliRun r = run(c + " " + f, std::to_string(i++));
+      const std::string flag = f.substr(0, f.find(' '));
+      EXPECT_EQ(r.code, 1) << c << " " << f;
+      EXPECT_NE(r.err.find("error: " + flag + " needs --focus DIR (or --focus random)"), std::string::npos)
+          << c << " " << f << "\n" << r.err;
+    }
+  }
+}
+
+TEST(Cli, RandomRouterFlagsWithARouterFolderAreErrors) {
+  FOCUS_NEED_FILE(stories());
+  int i = 0;
+  for (const std::string f : {"--groups 4", "--dg 8", "--tau 0.5", "--router-seed 3"}) {
+    const CliRun r = run("eval " + model_args() + " --text " + text() + " --focus some/routers " + f, std::to_string(i++));
+    const std::string flag = f.substr(0, f.find(' '));
+    EXPECT_EQ(r.code, 1) << f;
+    EXPECT_NE(r.err.find("error: " + flag + " applies only to --focus random (the routers in some/routers fix it)"),
+              std::string::npos)
+        << f << "\n" << r.err;
+  }
+}
+
+TEST(Cli, RouterFlagsWithRandomRoutersStillWork) {
+  FOCUS_NEED_FILE(stories());
+  const CliRun r = run("eval " + model_args() + " --text " + text() +
+                    " --ctx 64 --max-tokens 128 --focus random --mode hard --sinks 2 --window 16 --groups 4 --dg 8 "
+                    "--tau 0.5 --topk 1 --router-seed 3 --json");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find("\"focus\":\"hard (window 16, sinks 2, groups 4, d_g 8, top-1,"), std::string::npos) << r.out;
+}
+
+TEST(Cli, GeneratePrintsTheLibrarysTokens) {
+  FOCUS_NEED_FILE(stories());
+  const CliRun r = run("generate " + model_args() + " -p 'Once upon a time' -n 12 --temp 0.8 --seed 7 --ids");
+  ASSERT_EQ(r.code, 0) << r.err;
+  const size_t at = r.out.find("ids: ");
+  ASSERT_NE(at, std::string::npos) << r.out;
+  std::istringstream is(r.out.substr(at + 5));
+  std::vector<int32_t> printed;
+  for (int32_t t; is >> t;) printed.push_back(t);
+
+  auto m = focus::load_model(stories());
+  focus::GenerateOptions o;
+  o.max_new_tokens = 12;
+  o.temperature = 0.8f;
+  o.seed = 7;
+  const focus::GenerateResult g = focus::generate(*m, focus::encode_prompt(*m, "Once upon a time"), o);
+  EXPECT_EQ(printed, g.tokens);
+  std::string text;
+  for (size_t i = g.prompt_tokens; i < g.tokens.size(); ++i) text += m->tok->piece(g.tokens[i], g.tokens[i - 1]);
+  EXPECT_EQ(r.out.substr(0, at), "Once upon a time" + text + "\n");
+}
+
+TEST(Cli, GenerateRefusesANegativeCountOrTemperature) {
+  FOCUS_NEED_FILE(stories());
+  CliRun r = run("generate " + model_args() + " -p Once -n -3", "n");
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.err.find("-n"), std::string::npos) << r.err;
+  r = run("generate " + model_args() + " -p Once --temp -1", "temp");
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.err.find("--temp"), std::string::npos) << r.err;
+}

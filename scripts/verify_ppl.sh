@@ -1,20 +1,90 @@
 #!/usr/bin/env bash
 # Cross-checks `focus eval` against the independent numpy forward pass
-# (scripts/reference_forward.py) on the first window of a text: same token ids, same window.
-#   scripts/verify_ppl.sh MODEL TEXT [CTX] [FOCUS_BIN]
+# (scripts/reference_forward.py, float64) on the first windows of a text: same token ids, same
+# windows (BOS + CTX-1 text tokens each, as focus eval makes them). Exits non-zero, saying so,
+# when the two mean NLLs differ by more than the tolerance.
+#   scripts/verify_ppl.sh [--windows N] [--tol NATS] MODEL TEXT [CTX] [FOCUS_BIN]
+#     --windows N   windows to compare (default 1: quick; each costs one reference pass)
+#     --tol NATS    largest accepted |mean NLL difference| (default 1e-3, see below)
+#
+# Tolerance. Both passes run the same dequantised weights on the same ids; they differ only by
+# rounding (ours float32, the reference float64). A token's NLL is logsumexp(z) - z[target]; both
+# terms move by at most max|dz| when the logits z move by dz (logsumexp is 1-Lipschitz in the max
+# norm), so the mean NLL over any tokens differs by at most 2 * max|dz|. float32 logits agree
+# with float64 to about 1e-4: reference_forward.py in float32 against float64 on SmolLM2 (128
+# tokens of Sherlock Holmes, all 49152 logits) gives max|dz| = 7.6e-5 with |z| up to 38, and the
+# shared data's manifest expects ~1e-4 for stories260K. With 5x headroom, max|dz| <= 5e-4 gives
+# the bound 2 * 5e-4 = 1e-3 nats. Real mistakes (a wrong RoPE base or layout, a missing norm, a
+# window off by one token) move the mean NLL by far more than that.
 set -euo pipefail
+WINDOWS=1 TOL=1e-3
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --windows) WINDOWS=${2:?--windows needs a number}; shift 2 ;;
+    --tol) TOL=${2:?--tol needs a number}; shift 2 ;;
+    -*) echo "verify_ppl: unknown option $1" >&2; exit 2 ;;
+    *) break ;;
+  esac
+done
+[ $# -ge 2 ] || { echo "usage: scripts/verify_ppl.sh [--windows N] [--tol NATS] MODEL TEXT [CTX] [FOCUS_BIN]" >&2; exit 2; }
 MODEL=$1 TEXT=$2 CTX=${3:-512} FOCUS=${4:-build/focus}
+case "$WINDOWS" in ''|*[!0-9]*|0) echo "verify_ppl: --windows must be a positive integer, got '$WINDOWS'" >&2; exit 2 ;; esac
+case "$CTX" in ''|*[!0-9]*|0|1) echo "verify_ppl: CTX must be an integer >= 2, got '$CTX'" >&2; exit 2 ;; esac
+[ -f "$TEXT" ] || { echo "verify_ppl: $TEXT: no such file" >&2; exit 2; }
+[ -x "$FOCUS" ] || { echo "verify_ppl: $FOCUS: not an executable (build first, or pass FOCUS_BIN)" >&2; exit 2; }
+SCRIPTS=$(cd "$(dirname "$0")" && pwd)
+TEXT_TOKENS=$((WINDOWS * (CTX - 1)))
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 "$FOCUS" prepare "$TEXT" "$tmp/full.txt" 2>/dev/null
-# A prefix long enough for the window (cut on a character boundary).
-python3 -c "import sys; open(sys.argv[2],'w').write(open(sys.argv[1]).read()[:8 * $CTX])" "$tmp/full.txt" "$tmp/text.txt"
-# The window focus eval uses: BOS + the first CTX-1 text tokens.
-"$FOCUS" tokenize --model "$MODEL" --bos -p "$(cat "$tmp/text.txt")" > "$tmp/all_ids.txt"
-python3 -c "import sys; ids=open(sys.argv[1]).read().split()[:$CTX]; assert len(ids) == $CTX, 'text too short'; open(sys.argv[2],'w').write(','.join(ids))" "$tmp/all_ids.txt" "$tmp/ids.txt"
-path=$("$FOCUS" info "$MODEL" --json | python3 -c 'import json,sys; print(json.load(sys.stdin)["path"])')
-python3 "$(dirname "$0")/reference_forward.py" --gguf "$path" --ids-file "$tmp/ids.txt" --out "$tmp/ref.json" >/dev/null
-ref=$(python3 -c "import json; print('%.6f' % json.load(open('$tmp/ref.json'))['mean_nll'])")
-ours=$("$FOCUS" eval --model "$MODEL" --text "$tmp/text.txt" --ctx "$CTX" --max-tokens $((CTX - 1)) --json 2>/dev/null |
-       tail -n 1 | python3 -c 'import json,sys; print("%.6f" % json.load(sys.stdin)["nll"])')
-echo "model $MODEL text $(basename "$TEXT") ctx $CTX: numpy float64 mean NLL $ref | focus $ours"
+# A prefix long enough for the windows (cut on a character boundary).
+python3 -c "import sys; open(sys.argv[2],'w').write(open(sys.argv[1]).read()[:8 * $CTX * $WINDOWS])" \
+  "$tmp/full.txt" "$tmp/text.txt"
+# BOS, then the text tokens focus eval scores; each window is BOS + the next CTX-1 of them.
+"$FOCUS" tokenize --model "$MODEL" --bos -p "$(cat "$tmp/text.txt")" > "$tmp/ids.txt"
+info=$("$FOCUS" info "$MODEL" --json)
+ref=$(python3 - "$SCRIPTS" "$info" "$tmp/ids.txt" "$CTX" "$WINDOWS" <<'PY'
+import json, sys
+import numpy as np
+sys.path.insert(0, sys.argv[1])
+import reference_forward as rf
+info = json.loads(sys.argv[2])
+bos, *ids = [int(t) for t in open(sys.argv[3]).read().split()]
+ctx, windows = int(sys.argv[4]), int(sys.argv[5])
+path = info["path"]
+# The file's own BOS id (llama2.c tokenizers: 1), against the one focus tokenize put first.
+if path.endswith(".gguf"):
+    import gguf
+    want_bos = rf._gguf_field(path, gguf.GGUFReader(path), "tokenizer.ggml.bos_token_id", -1)
+else:
+    want_bos = 1
+if bos != want_bos:
+    sys.exit(f"verify_ppl: {path}: focus tokenize --bos gave {bos} first, the file's BOS is {want_bos}"
+             " (models without a BOS are not supported here)")
+need = windows * (ctx - 1)
+if len(ids) < need:
+    sys.exit(f"verify_ppl: the text has {len(ids)} tokens, {windows} window(s) of {ctx} need {need}")
+m = rf.load_gguf(path, np.float64) if path.endswith(".gguf") else rf.load_llama2c(path, np.float64)
+nll = []
+for w in range(windows):
+    window = [bos] + ids[w * (ctx - 1):(w + 1) * (ctx - 1)]
+    nll.append(rf.evaluate(m, window, [])[0])
+print("%.6f" % float(np.concatenate(nll).mean()))
+PY
+)
+ours=$("$FOCUS" eval --model "$MODEL" --text "$tmp/text.txt" --ctx "$CTX" --max-tokens "$TEXT_TOKENS" --json 2>/dev/null |
+       tail -n 1 | python3 -c 'import json,sys; r=json.load(sys.stdin); print("%.6f %d" % (r["nll"], r["tokens"]))')
+read -r ours scored <<<"$ours"
+echo "model $MODEL text $(basename "$TEXT") ctx $CTX, $WINDOWS window(s), $scored tokens:" \
+     "numpy float64 mean NLL $ref | focus $ours"
+python3 - "$ref" "$ours" "$TOL" "$scored" "$TEXT_TOKENS" <<'PY'
+import sys
+ref, ours, tol = float(sys.argv[1]), float(sys.argv[2]), float(sys.argv[3])
+scored, expected = int(sys.argv[4]), int(sys.argv[5])
+if scored != expected:
+    sys.exit(f"verify_ppl: FAIL: focus eval scored {scored} tokens, the reference {expected}")
+diff = abs(ref - ours)
+if diff > tol:
+    sys.exit(f"verify_ppl: FAIL: mean NLLs differ by {diff:.6f} nats (> tolerance {tol:g})")
+print(f"verify_ppl: ok (|difference| {diff:.6f} <= {tol:g} nats)")
+PY

@@ -29,7 +29,7 @@ struct SelfRows final : AttentionState {
 class SelfOnlyAttention final : public AttentionPolicy {
  public:
   std::string name() const override { return "test-self-only"; }
-  void attend(const AttentionCall& c, std::unique_ptr<AttentionState>& state, AttentionStats* stats) const override {
+  void attend(const AttentionCall& c, std::unique_ptr<AttentionState>& state, AttentionStats*) const override {
     if (c.pos0 == 0 || !state) state = std::make_unique<SelfRows>();
     auto& s = dynamic_cast<SelfRows&>(*state);
     ASSERT_EQ(s.rows, c.pos0) << "the cache's state follows its positions";

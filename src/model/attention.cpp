@@ -9,12 +9,12 @@
 
 namespace focus {
 
-void AttentionPolicy::train_forward(const AttentionCall& c, AttentionTape& tape) const {
+void AttentionPolicy::train_forward(const AttentionCall& /*c*/, AttentionTape& /*tape*/) const {
   fail("attention policy '", name(), "' cannot be trained");
 }
 
-void AttentionPolicy::train_backward(const AttentionCall& c, AttentionTape& tape, const float* dout, float* dq,
-                                     float* dk, float* dv) const {
+void AttentionPolicy::train_backward(const AttentionCall& /*c*/, AttentionTape& /*tape*/, const float* /*dout*/,
+                                     float* /*dq*/, float* /*dk*/, float* /*dv*/) const {
   fail("attention policy '", name(), "' cannot be trained");
 }
 
@@ -24,7 +24,8 @@ class DenseAttention final : public AttentionPolicy {
  public:
   std::string name() const override { return "dense"; }
 
-  void attend(const AttentionCall& c, std::unique_ptr<AttentionState>& state, AttentionStats* stats) const override {
+  void attend(const AttentionCall& c, std::unique_ptr<AttentionState>& /*state*/,
+              AttentionStats* /*stats*/) const override {
     cpu::flash_attention(c.q, c.k, c.v, c.out, nullptr, layer_attn_shape(*c.cfg, c.layer, c.pos0, c.T));
   }
 

@@ -80,7 +80,7 @@ class AttentionPolicy {
   virtual void train_backward(const AttentionCall& c, AttentionTape& tape, const float* dout, float* dq, float* dk,
                               float* dv) const;
   // After train_backward: adds the policy's own share of dL/dxn (e.g. through a router) into dxn.
-  virtual void train_backward_input(const AttentionCall& c, AttentionTape& tape, float* dxn) const {}
+  virtual void train_backward_input(const AttentionCall& /*c*/, AttentionTape& /*tape*/, float* /*dxn*/) const {}
   // Whether train_backward accumulates gradients of parameters of its own.
   virtual bool trains_parameters() const { return false; }
 };

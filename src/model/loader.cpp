@@ -62,7 +62,7 @@ void check_config(const ModelConfig& c, const std::string& path) {
 }
 
 // ---------------------------------------------------------------- GGUF
-std::string gguf_arch_key(const io::GGUFFile& f, const std::string& arch, const std::string& k) {
+std::string gguf_arch_key(const std::string& arch, const std::string& k) {
   return arch + "." + k;
 }
 
@@ -80,7 +80,7 @@ std::unique_ptr<Model> load_gguf(const std::string& path, const LoadOptions& opt
     c.arch = Arch::Gemma3;
   else
     fail(path, ": unsupported architecture '", arch, "' (supported in GGUF: llama, gemma3)");
-  auto key = [&](const char* k) { return gguf_arch_key(f, arch, k); };
+  auto key = [&](const char* k) { return gguf_arch_key(arch, k); };
   c.dim = f.get_int(key("embedding_length"));
   c.layers = f.get_int(key("block_count"));
   c.heads = f.get_int(key("attention.head_count"));

@@ -111,7 +111,7 @@ LoraResult run_lora(const Model& m, const LoraOptions& o) {
   };
   task.save_outputs = [&] { save_lora(a, o.out, m.cfg, m.path); };
 
-  const TrainLoopResult lr = run_train_loop(m, o, d, task);
+  const TrainLoopResult lr = run_train_loop(o, d, task);
   LoraResult res;
   res.settings = s;
   res.params = a.n_params();

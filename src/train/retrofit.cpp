@@ -211,7 +211,7 @@ RetrofitResult run_retrofit(const Model& m, const RetrofitOptions& o) {
     }
   };
 
-  const TrainLoopResult lr = run_train_loop(m, o, d, task);
+  const TrainLoopResult lr = run_train_loop(o, d, task);
   RetrofitResult res;
   res.router_params = f.n_params();
   res.swav_loss = last_swav;

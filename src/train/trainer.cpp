@@ -173,7 +173,7 @@ void trim_metrics(const std::string& path, int64_t step) {
 
 }  // namespace
 
-TrainLoopResult run_train_loop(const Model& m, const TrainOptions& o, const TrainData& d, TrainTask& task) {
+TrainLoopResult run_train_loop(const TrainOptions& o, const TrainData& d, TrainTask& task) {
   FOCUS_CHECK(task.block_names.size() == task.params.size(), task.name, ": ", task.params.size(),
               " parameter blocks but ", task.block_names.size(), " block names");
   FOCUS_CHECK(task.loss_and_grad && task.validate && task.save_outputs, task.name, ": incomplete training task");

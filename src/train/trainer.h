@@ -91,6 +91,6 @@ struct TrainLoopResult : TrainStats {
 
 // Trains task.params from the checkpoint in o.out (with o.resume) or from their current values;
 // writes metrics.jsonl, checkpoint.safetensors and the task's outputs into o.out.
-TrainLoopResult run_train_loop(const Model& m, const TrainOptions& o, const TrainData& d, TrainTask& task);
+TrainLoopResult run_train_loop(const TrainOptions& o, const TrainData& d, TrainTask& task);
 
 }  // namespace focus

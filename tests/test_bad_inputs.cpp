@@ -17,30 +17,14 @@
 
 namespace fs = std::filesystem;
 using focus::test::book;
+using focus::test::focus_bin;
 using focus::test::stories;
 using focus::test::tok512;
 
 namespace {
 
-std::string focus_bin() {
-  if (const char* e = std::getenv("FOCUS_BIN")) return e;
-  return std::string(FOCUS_SOURCE_DIR) + "/build/focus";
-}
-
-struct Run {
-  int code;
-  std::string err;
-};
-
-Run run(const std::string& args) {
-  // One stderr file per test: ctest runs the tests of this suite in parallel processes.
-  const std::string errf = ::testing::TempDir() + "/bad_inputs_stderr_" +
-                           ::testing::UnitTest::GetInstance()->current_test_info()->name() + ".txt";
-  const std::string cmd = focus_bin() + " " + args + " >/dev/null 2>" + errf;
-  const int st = std::system(cmd.c_str());
-  Run r{WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st), focus::read_file(errf)};
-  return r;
-}
+using Run = focus::test::BinRun;
+Run run(const std::string& args) { return focus::test::run_focus(args); }
 
 std::string dir() {
   static const std::string d = [] {

@@ -18,25 +18,8 @@ using focus::test::tok512;
 
 namespace {
 
-std::string focus_bin() {
-  if (const char* e = std::getenv("FOCUS_BIN")) return e;
-  return std::string(FOCUS_SOURCE_DIR) + "/build/focus";
-}
-
-struct CliRun {
-  int code;
-  std::string out, err;
-};
-
-CliRun run(const std::string& args, const std::string& tag = "") {
-  // Files per test: ctest runs the tests in parallel processes.
-  const std::string base = ::testing::TempDir() + "/focus_cli_" +
-                           ::testing::UnitTest::GetInstance()->current_test_info()->name() + tag;
-  const std::string cmd = focus_bin() + " -t 1 " + args + " >" + base + ".out 2>" + base + ".err";
-  const int st = std::system(cmd.c_str());
-  return {WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st), focus::read_file(base + ".out"),
-          focus::read_file(base + ".err")};
-}
+using CliRun = focus::test::BinRun;
+CliRun run(const std::string& args, const std::string& tag = "") { return focus::test::run_focus("-t 1 " + args, tag); }
 
 std::string model_args() { return "--model " + stories() + " --tokenizer " + tok512(); }
 std::string text() { return book("pg-345-dracula.txt"); }

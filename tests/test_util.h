@@ -2,9 +2,13 @@
 #pragma once
 #include <gtest/gtest.h>
 
+#include <sys/wait.h>
+
 #include <cstdlib>
 #include <filesystem>
 #include <string>
+
+#include "core/mapped_file.h"
 
 namespace focus::test {
 
@@ -53,6 +57,28 @@ inline std::string gemma3_path() { return model_cache() + "/gemma-3-270m-q4_k_m.
 inline bool require_data() {
   const char* e = std::getenv("FOCUS_REQUIRE_DATA");
   return e && std::string(e) == "1";
+}
+
+// The focus binary under test: $FOCUS_BIN (set by CTest), or build/focus of the checkout.
+inline std::string focus_bin() {
+  if (const char* e = std::getenv("FOCUS_BIN")) return e;
+  return std::string(FOCUS_SOURCE_DIR) + "/build/focus";
+}
+
+struct BinRun {
+  int code;              // exit status (128 + signal when killed)
+  std::string out, err;  // what it printed
+};
+
+// Runs `focus ARGS`. Its output goes to files named after the running test (and `tag`), since
+// CTest runs tests in parallel processes.
+inline BinRun run_focus(const std::string& args, const std::string& tag = "") {
+  const std::string base = ::testing::TempDir() + "/focus_run_" +
+                           ::testing::UnitTest::GetInstance()->current_test_info()->name() + tag;
+  const std::string cmd = focus_bin() + " " + args + " >" + base + ".out 2>" + base + ".err";
+  const int st = std::system(cmd.c_str());
+  return {WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st), focus::read_file(base + ".out"),
+          focus::read_file(base + ".err")};
 }
 
 }  // namespace focus::test

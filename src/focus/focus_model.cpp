@@ -49,6 +49,19 @@ void check_settings(const FocusSettings& s, const ModelConfig& c, const std::str
 }
 }  // namespace
 
+namespace {
+// The shape of every router of a model under these settings.
+RouterConfig router_config(const ModelConfig& c, const FocusSettings& s) {
+  RouterConfig rc;
+  rc.dim = c.dim;
+  rc.d_g = s.dg;
+  rc.groups = s.groups;
+  rc.tau = s.tau;
+  rc.learn_tau = s.learn_tau;
+  return rc;
+}
+}  // namespace
+
 FocusRouters focus_init(const ModelConfig& c, const FocusSettings& s, uint64_t seed) {
   check_settings(s, c, "focus");
   FocusRouters f;
@@ -56,14 +69,8 @@ FocusRouters focus_init(const ModelConfig& c, const FocusSettings& s, uint64_t s
   f.router_of_layer.assign(c.layers, -1);
   for (int64_t l = 0; l < c.layers; ++l) {
     if (c.layer_sliding_window[l] > 0) continue;  // a sliding-window layer is already local
-    RouterConfig rc;
-    rc.dim = c.dim;
-    rc.d_g = s.dg;
-    rc.groups = s.groups;
-    rc.tau = s.tau;
-    rc.learn_tau = s.learn_tau;
     f.router_of_layer[l] = (int64_t)f.routers.size();
-    f.routers.push_back(router_init(rc, seed * 1000003ull + (uint64_t)l));
+    f.routers.push_back(router_init(router_config(c, s), seed * 1000003ull + (uint64_t)l));
   }
   return f;
 }
@@ -173,13 +180,7 @@ FocusRouters load_focus(const std::string& dir, const ModelConfig& c) {
     FOCUS_CHECK(c.layer_sliding_window[l] == 0, jp, ": layer ", l, " is a sliding-window layer (window ",
                 c.layer_sliding_window[l], "); routers belong on global attention layers only");
     const std::string p = "layers." + std::to_string(l) + ".";
-    RouterConfig rc;
-    rc.dim = c.dim;
-    rc.d_g = s.dg;
-    rc.groups = s.groups;
-    rc.tau = s.tau;
-    rc.learn_tau = s.learn_tau;
-    RouterParams r = router_init(rc, 0);
+    RouterParams r = router_init(router_config(c, s), 0);
     auto take = [&](const std::string& name, std::vector<int64_t> shape) {
       const io::STTensor& t = st.tensor(p + name);
       FOCUS_CHECK(t.shape == shape, sp, ": tensor '", p + name, "' has the wrong shape for this config");

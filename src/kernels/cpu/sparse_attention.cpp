@@ -434,6 +434,17 @@ struct SlotBuffers {
   GroupSink sink(int slot, int64_t n, int64_t hpk, int64_t hd) {
     return {o.data() + slot * n * hpk * hd, hpk * hd, lse.data() + slot * hpk * n, 0};
   }
+  // Where kv head kvh's group results go: straight into (o, lse) for top-1, into the two slots
+  // (merged afterwards by merge_slots) for top-2.
+  void sinks_of(int64_t kvh, int topk, const AttnShape& s, float* o, float* lse, GroupSink* out) {
+    const int64_t hpk = s.heads / s.kv_heads;
+    if (topk == 1) {
+      out[0] = {o, s.o_stride, lse ? lse + kvh * hpk * s.n_q : nullptr, kvh * hpk};
+    } else {
+      out[0] = sink(0, s.n_q, hpk, s.head_dim);
+      out[1] = sink(1, s.n_q, hpk, s.head_dim);
+    }
+  }
 };
 
 // Merges the two slots of kv head kvh into the output (o, lse: full [n, heads, hd] / [heads, n]).
@@ -595,12 +606,7 @@ void focus_attention_fused(const float* q, const float* k, const float* v, float
   if (r.topk == 2) B.resize(s.n_q, hpk, hd);
   for (int64_t kvh = 0; kvh < s.kv_heads; ++kvh) {
     GroupSink sinks[2];
-    if (r.topk == 1) {
-      sinks[0] = {o, s.o_stride, lse ? lse + kvh * hpk * s.n_q : nullptr, kvh * hpk};
-    } else {
-      sinks[0] = B.sink(0, s.n_q, hpk, hd);
-      sinks[1] = B.sink(1, s.n_q, hpk, hd);
-    }
+    B.sinks_of(kvh, r.topk, s, o, lse, sinks);
 #pragma omp parallel
     {
       fill_original(okeys, k, v, s, kvh, /*nowait=*/true);
@@ -665,12 +671,7 @@ void focus_group_attention(const float* q, const float* k, const float* v, float
   if (r.topk == 2) B.resize(s.n_q, hpk, hd);
   for (int64_t kvh = 0; kvh < s.kv_heads; ++kvh) {
     GroupSink sinks[2];
-    if (r.topk == 1) {
-      sinks[0] = {o, s.o_stride, lse ? lse + kvh * hpk * s.n_q : nullptr, kvh * hpk};
-    } else {
-      sinks[0] = B.sink(0, s.n_q, hpk, hd);
-      sinks[1] = B.sink(1, s.n_q, hpk, hd);
-    }
+    B.sinks_of(kvh, r.topk, s, o, lse, sinks);
 #pragma omp parallel
     {
       fill_packed(gkeys, P, k, v, s, kvh);

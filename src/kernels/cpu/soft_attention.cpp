@@ -9,6 +9,7 @@
 
 #include "core/error.h"
 #include "kernels/cpu/simd.h"
+#include "kernels/cpu/tile_engine.h"
 
 namespace focus::cpu {
 namespace {
@@ -229,81 +230,47 @@ void soft_attention_forward(const float* q, const float* k, const float* v, cons
   pack_rows(v, d.n, d.KVH, d.hd, hdp, 1.f, vp.data());
   if (has_p) pack_p(p, d, pp.data(), pt.data());
 
+  // The tile engine's online softmax, one query tile of every head at a time; the additive tile
+  // (bias and mask) of a (query tile, key tile) pair is made once for all heads.
 #pragma omp parallel
   {
-    std::vector<float> qt(d.H * kB * hdp), ot(d.H * kB * hdp), m(d.H * kB), l(d.H * kB);
-    std::vector<float> st(d.gs * kB * kB), add(kB * kB);
+    std::vector<tiles::QueryTile> qts(d.H, tiles::QueryTile(hdp));
+    tiles::AlignedFloats add(kB * kB);
+    tiles::RowSpan spans[kB];
 #pragma omp for schedule(dynamic, 1)
     for (int64_t it = 0; it < d.nb; ++it) {
       const int64_t qb = d.nb - 1 - it;  // heavy (late) query tiles first
       const int64_t t0 = qb * kB;
       const int nr = tile_len(d.n, qb);
-      // Q tile of all heads, pre-scaled, rows ordered (head, token).
-      for (int64_t h = 0; h < d.H; ++h)
-        for (int r = 0; r < nr; ++r) {
-          const float* src = q + ((t0 + r) * d.H + h) * d.hd;
-          float* dst = qt.data() + (h * nr + r) * hdp;
-          for (int64_t e = 0; e < d.hd; ++e) dst[e] = src[e] * s.scale;
-          for (int64_t e = d.hd; e < hdp; ++e) dst[e] = 0.f;
-        }
-      std::fill(ot.begin(), ot.begin() + d.H * nr * hdp, 0.f);
-      std::fill(m.begin(), m.end(), kNegInf);
-      std::fill(l.begin(), l.end(), 0.f);
-
+      for (int64_t h = 0; h < d.H; ++h) {
+        qts[h].reset(nr);
+        for (int r = 0; r < nr; ++r) qts[h].load_row(r, q + ((t0 + r) * d.H + h) * d.hd, d.hd, s.scale);
+      }
       for (int64_t kb = first_key_tile(s, t0); kb <= qb; ++kb) {
         const int64_t j0 = kb * kB;
         const int cols = tile_len(d.n, kb);
         const TileInfo info = classify(s, has_p, t0, nr, j0, cols);
         if (info.add()) build_tile(s, d, pp.data(), pt.data(), t0, nr, j0, cols, info, add.data(), nullptr);
+        for (int r = 0; r < nr; ++r) {  // causal, within the sliding window
+          const int64_t i = t0 + r;
+          spans[r] = {};
+          spans[r].hi0 = (int)std::clamp<int64_t>(i - j0 + 1, 0, cols);
+          spans[r].lo0 = s.sliding_window > 0 ? (int)std::clamp<int64_t>(i - s.sliding_window + 1 - j0, 0, cols) : 0;
+        }
         for (int64_t kvh = 0; kvh < d.KVH; ++kvh) {
-          const int R = (int)(d.gs * nr);  // the group's heads stacked: row rr = head_in_group * nr + t
-          const int64_t row0 = kvh * d.gs * nr;
-          float* sc = st.data();
-          // S = (scale q) k^T [R, 64]
-          gemm<false>(qt.data() + row0 * hdp, hdp, ktp.data() + (kb * d.KVH + kvh) * hdp * kB, kB, sc, kB, R,
-                      (int)hdp, kB, false);
-          for (int rr = 0; rr < R; ++rr) {
-            float* sr = sc + rr * kB;
-            const float* ar = add.data() + (rr % nr) * kB;
-            vf x[kBV];
-            for (int c = 0; c < kBV; ++c)
-              x[c] = info.add() ? load(sr + c * kV) + load(ar + c * kV) : load(sr + c * kV);
-            vf xm = x[0];
-            for (int c = 1; c < kBV; ++c) xm = vmax(xm, x[c]);
-            float& mi = m[row0 + rr];
-            const float mx = std::max(mi, hmax(xm));
-            if (mx == kNegInf) {  // nothing visible yet on this row
-              for (int c = 0; c < kBV; ++c) store(sr + c * kV, vf{});
-              continue;
-            }
-            vf sum{};
-            for (int c = 0; c < kBV; ++c) {
-              x[c] = vexp_cephes(x[c] - mx);
-              sum += x[c];
-              store(sr + c * kV, x[c]);
-            }
-            const float alpha = std::exp(mi - mx);  // 0 on the first visit
-            l[row0 + rr] = l[row0 + rr] * alpha + hsum(sum);
-            mi = mx;
-            if (alpha != 1.f) {
-              float* orow = ot.data() + (row0 + rr) * hdp;
-              for (int64_t e = 0; e < hdp; e += kV) store(orow + e, load(orow + e) * alpha);
-            }
+          const float* kt = ktp.data() + (kb * d.KVH + kvh) * hdp * kB;
+          const float* vt = vp.data() + (kb * kB * d.KVH + kvh * cols) * hdp;
+          for (int64_t h = kvh * d.gs; h < (kvh + 1) * d.gs; ++h) {
+            if (info.add())
+              qts[h].visit<tiles::ExpMode::FastWhenFull, true>(kt, vt, hdp, 0, nr, spans, nullptr, add.data());
+            else
+              qts[h].visit<tiles::ExpMode::FastWhenFull>(kt, vt, hdp, 0, nr, spans, nullptr);
           }
-          // O += P V [R, hdp]
-          gemm<false>(sc, kB, vp.data() + (kb * kB * d.KVH + kvh * cols) * hdp, hdp, ot.data() + row0 * hdp, hdp,
-                      R, cols, (int)hdp, true);
         }
       }
       for (int64_t h = 0; h < d.H; ++h)
-        for (int r = 0; r < nr; ++r) {
-          const int64_t row = h * nr + r;
-          const float inv = l[row] > 0.f ? 1.f / l[row] : 0.f;
-          const float* src = ot.data() + row * hdp;
-          float* dst = o + ((t0 + r) * d.H + h) * d.hd;
-          for (int64_t e = 0; e < d.hd; ++e) dst[e] = src[e] * inv;
-          if (lse) lse[h * d.n + t0 + r] = l[row] > 0.f ? m[row] + std::log(l[row]) : kNegInf;
-        }
+        for (int r = 0; r < nr; ++r)
+          qts[h].store_row(r, o + ((t0 + r) * d.H + h) * d.hd, d.hd, lse ? lse + h * d.n + t0 + r : nullptr);
     }
   }
 }

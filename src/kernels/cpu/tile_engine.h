@@ -7,8 +7,8 @@
 //
 // What differs between the clients is a parameter: ExpMode (the dense kernel always takes the
 // exact exponential, so a row's bits do not depend on the rows it is blocked with), key tags (the
-// sparse kernels' pairs counted in another group) and an additive bias row (soft mode, see
-// softmax_update_row).
+// sparse kernels' pairs counted in another group) and an additive bias tile (soft mode's
+// log-bias and mask, QueryTile::visit with kBiased).
 //
 // Layouts inside a tile (hdp = head_dim rounded up to a whole number of vectors, padding zero):
 //   q  [kBq][hdp]   queries, already multiplied by the softmax scale
@@ -213,9 +213,12 @@ struct QueryTile {
   // spans (indexed by row). key_tag (kBk entries, or null) drives the tag exclusion. Works in
   // blocks of 4 rows, each restricted to the column vectors its rows see, so ragged tile edges
   // (causal diagonal, window edge) cost little, and a block's scores stay in L1 for its P.V.
-  template <ExpMode E = ExpMode::FastWhenFull>
+  //
+  // With kBiased, add [kBq][kBk] (row r, column c) is added to the scores before the softmax (an
+  // additive bias such as Focus soft mode's log(sum_g p_ig p_jg + eps); finite inside the spans).
+  template <ExpMode E = ExpMode::FastWhenFull, bool kBiased = false>
   void visit(const float* kt, const float* v, int64_t ldv, int r0, int r1, const RowSpan* spans,
-             const int32_t* key_tag) {
+             const int32_t* key_tag, const float* add = nullptr) {
     for (int rb = r0; rb < r1; rb += 4) {
       const int nr = std::min(4, r1 - rb);
       int clo = kBk, chi = 0;
@@ -228,7 +231,7 @@ struct QueryTile {
       const int cv0 = clo / kV, cv1 = (chi + kV - 1) / kV;
       float* sb = s.data() + rb * kBk;
       tile_scores(q.data() + rb * hdp, hdp, nr, kt + cv0 * kV, sb + cv0 * kV, cv1 - cv0);
-      softmax_block<E>(rb, nr, spans, cv0, cv1, key_tag);
+      softmax_block<E, kBiased>(rb, nr, spans, cv0, cv1, key_tag, add);
       tile_pv(sb + clo, v + clo * ldv, ldv, nr, chi - clo, o.data() + rb * hdp, hdp);
     }
   }
@@ -236,8 +239,9 @@ struct QueryTile {
  private:
   // Turns the scores of rows [rb, rb + nr) in column vectors [cv0, cv1) into probabilities
   // (0 where not visible) and updates m, l and the output rows.
-  template <ExpMode E>
-  void softmax_block(int rb, int nr, const RowSpan* spans, int cv0, int cv1, const int32_t* key_tag) {
+  template <ExpMode E, bool kBiased>
+  void softmax_block(int rb, int nr, const RowSpan* spans, int cv0, int cv1, const int32_t* key_tag,
+                     const float* add) {
     const float ninf = -std::numeric_limits<float>::infinity();
     float mx[4];
     bool live[4], full[4];
@@ -252,13 +256,14 @@ struct QueryTile {
         vf vm = bcast(ninf);
         for (int c = cv0; c < cv1; ++c) {
           vf x = load(sr + c * kV);
+          if constexpr (kBiased) x = x + load(add + r * kBk + c * kV);
           if (!full[i]) {
             const vi col = iota + c * kV;
             vi mk = ((col >= sp.lo0) & (col < sp.hi0)) | ((col >= sp.lo1) & (col < sp.hi1));
             if (key_tag && sp.tag >= 0) mk &= (loadi(key_tag + c * kV) != sp.tag);
             x = select(mk, x, bcast(ninf));
-            store(sr + c * kV, x);
           }
+          if (kBiased || !full[i]) store(sr + c * kV, x);
           vm = vmax(vm, x);
         }
         mx[i] = std::max(m[r], hmax(vm));

@@ -99,4 +99,18 @@ inline std::unique_ptr<Model> random_model(Arch arch, uint32_t seed) {
   return m;
 }
 
+// The gradient g (blocks of floats) against a central difference of the loss along g / |g|, which
+// must equal |g|. loss_with_step(s) is the loss with s * g added to the parameters.
+template <class LossWithStep>
+void expect_directional_derivative(const std::vector<std::vector<float>>& g, LossWithStep&& loss_with_step) {
+  double gn = 0;
+  for (auto& v : g)
+    for (float x : v) gn += (double)x * x;
+  gn = std::sqrt(gn);
+  ASSERT_GT(gn, 1e-4);
+  const double h = 1e-2;
+  const double fd = (loss_with_step(h / gn) - loss_with_step(-h / gn)) / (2 * h);
+  EXPECT_NEAR(fd, gn, 2e-3 * gn + 1e-4) << "directional derivative";
+}
+
 }  // namespace focus::test

@@ -16,6 +16,8 @@
 
 using namespace focus;
 using focus::test::random_model;
+using focus::test::Win;
+using focus::test::window_of;
 
 namespace {
 
@@ -187,17 +189,6 @@ FocusRouters routers_for(const Model& m) {
   return focus_init(m.cfg, s, 7);
 }
 
-struct Win {
-  std::vector<int32_t> ids, targets;
-};
-Win window_of(int64_t T, int64_t vocab, uint32_t seed) {
-  std::mt19937 g(seed);
-  Win w;
-  for (int64_t t = 0; t < T; ++t) w.ids.push_back((int32_t)(g() % vocab));
-  for (int64_t t = 0; t < T; ++t) w.targets.push_back(t + 1 < T ? w.ids[t + 1] : -1);
-  w.targets[3] = -1;  // an unscored row in the middle
-  return w;
-}
 
 class ModelGrad : public ::testing::TestWithParam<Arch> {};
 

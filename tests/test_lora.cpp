@@ -32,21 +32,12 @@ using focus::test::small_training_run;
 using focus::test::stories;
 using focus::test::tok512;
 using focus::test::random_model;
+using focus::test::Win;
+using focus::test::window_of;
 namespace fs = std::filesystem;
 
 namespace {
 
-struct Win {
-  std::vector<int32_t> ids, targets;
-};
-Win window_of(int64_t T, int64_t vocab, uint32_t seed) {
-  std::mt19937 g(seed);
-  Win w;
-  for (int64_t t = 0; t < T; ++t) w.ids.push_back((int32_t)(g() % vocab));
-  for (int64_t t = 0; t < T; ++t) w.targets.push_back(t + 1 < T ? w.ids[t + 1] : -1);
-  w.targets[3] = -1;  // an unscored row in the middle
-  return w;
-}
 
 // Adapters with B random too (B = 0 would make dA vanish).
 LoraAdapters random_adapters(const ModelConfig& c, const std::string& targets, float alpha, uint32_t seed) {

@@ -99,6 +99,19 @@ inline std::unique_ptr<Model> random_model(Arch arch, uint32_t seed) {
   return m;
 }
 
+// A training window of T random ids (seeded) predicting the next id, with row 3 unscored.
+struct Win {
+  std::vector<int32_t> ids, targets;
+};
+inline Win window_of(int64_t T, int64_t vocab, uint32_t seed) {
+  std::mt19937 g(seed);
+  Win w;
+  for (int64_t t = 0; t < T; ++t) w.ids.push_back((int32_t)(g() % vocab));
+  for (int64_t t = 0; t < T; ++t) w.targets.push_back(t + 1 < T ? w.ids[t + 1] : -1);
+  w.targets[3] = -1;  // an unscored row in the middle
+  return w;
+}
+
 // The gradient g (blocks of floats) against a central difference of the loss along g / |g|, which
 // must equal |g|. loss_with_step(s) is the loss with s * g added to the parameters.
 template <class LossWithStep>

@@ -10,6 +10,7 @@
 #include "core/error.h"
 #include "focus/balancing.h"
 #include "focus/router.h"
+#include "test_util.h"
 
 using focus::RouterConfig;
 using focus::RouterParams;
@@ -19,17 +20,8 @@ namespace {
 using VD = std::vector<double>;
 using VF = std::vector<float>;
 
-VD to_d(const VF& x) { return VD(x.begin(), x.end()); }
-
-double rel_err(const VD& got, const VD& want) {
-  double num = 0, den = 0;
-  for (size_t i = 0; i < want.size(); ++i) {
-    num = std::max(num, std::fabs(got[i] - want[i]));
-    den = std::max(den, std::fabs(want[i]));
-  }
-  return den > 0 ? num / den : num;
-}
-double rel_err(const VF& got, const VD& want) { return rel_err(to_d(got), want); }
+using focus::test::rel_err;
+using focus::test::to_d;
 
 // ---- float64 reference router: params in RouterParams layout ---------------------------------
 struct RefRouter {

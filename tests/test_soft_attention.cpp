@@ -14,6 +14,7 @@
 #include "core/error.h"
 #include "kernels/cpu/soft_attention.h"
 #include "kernels/cpu/attention.h"
+#include "test_util.h"
 
 using focus::cpu::AttnShape;
 
@@ -134,24 +135,8 @@ Inputs make_inputs(const AttnShape& s, bool with_p, uint32_t seed) {
   return in;
 }
 
-VD to_d(const VF& x) { return VD(x.begin(), x.end()); }
-
-double rel_err(const VF& got, const VD& want) {
-  double num = 0, den = 0;
-  for (size_t i = 0; i < want.size(); ++i) {
-    num = std::max(num, std::fabs(got[i] - want[i]));
-    den = std::max(den, std::fabs(want[i]));
-  }
-  return den > 0 ? num / den : num;
-}
-double rel_err(const VD& got, const VD& want) {
-  double num = 0, den = 0;
-  for (size_t i = 0; i < want.size(); ++i) {
-    num = std::max(num, std::fabs(got[i] - want[i]));
-    den = std::max(den, std::fabs(want[i]));
-  }
-  return den > 0 ? num / den : num;
-}
+using focus::test::rel_err;
+using focus::test::to_d;
 
 AttnShape shape(int64_t n, int64_t H, int64_t KVH, int64_t hd, int64_t G, int64_t w, int64_t S) {
   AttnShape s;

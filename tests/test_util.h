@@ -4,9 +4,12 @@
 
 #include <sys/wait.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <filesystem>
 #include <string>
+#include <vector>
 
 #include "core/mapped_file.h"
 
@@ -79,6 +82,20 @@ inline BinRun run_focus(const std::string& args, const std::string& tag = "") {
   const int st = std::system(cmd.c_str());
   return {WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st), focus::read_file(base + ".out"),
           focus::read_file(base + ".err")};
+}
+
+// Largest absolute difference relative to the largest reference magnitude.
+inline std::vector<double> to_d(const std::vector<float>& x) { return {x.begin(), x.end()}; }
+inline double rel_err(const std::vector<double>& got, const std::vector<double>& want) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < want.size(); ++i) {
+    num = std::max(num, std::fabs(got[i] - want[i]));
+    den = std::max(den, std::fabs(want[i]));
+  }
+  return den > 0 ? num / den : num;
+}
+inline double rel_err(const std::vector<float>& got, const std::vector<double>& want) {
+  return rel_err(to_d(got), want);
 }
 
 }  // namespace focus::test

@@ -390,7 +390,7 @@ TEST(FocusCachedAttention, DecodeAndChunksEqualOneCall) {
             std::fill(k.begin() + end, k.end(), NAN);
             std::fill(v.begin() + end, v.end(), NAN);
             pairs += focus::cpu::focus_cached_attention(in.q.data() + pos0 * s.q_stride, k.data(), v.data(),
-                                                   got.o.data() + pos0 * s.o_stride, s, pos0, t, mode, fc, 1e-6f);
+                                                   got.o.data() + pos0 * s.o_stride, s, pos0, t, mode, fc);
           };
           step(0, 100);
           step(100, 37);
@@ -417,7 +417,7 @@ TEST(FocusCachedAttention, RejectsMissingRouting) {
   fc.reset(5, 1);
   fc.append(ids.data(), nullptr, 30);  // hard routing of 30 positions, no soft assignments
   auto call = [&](focus::FocusMode mode, int64_t pos0) {
-    focus::cpu::focus_cached_attention(in.q.data(), in.k.data(), in.v.data(), o.data(), in.s, pos0, 1, mode, fc, 1e-6f);
+    focus::cpu::focus_cached_attention(in.q.data(), in.k.data(), in.v.data(), o.data(), in.s, pos0, 1, mode, fc);
   };
   EXPECT_NO_THROW(call(focus::FocusMode::Hard, 29));
   EXPECT_THROW(call(focus::FocusMode::Hard, 30), focus::Error);  // position 30 was never routed

@@ -170,7 +170,7 @@ int run_attention_bench(const AttnBenchOptions& opt, nlohmann::json* result) {
             keys = 0;
             for (int64_t i = n - n_dec; i < n; ++i)
               keys += cpu::focus_cached_attention(q.data() + i * H * D, k.data(), v.data(), od.data(), s, i, 1,
-                                                  FocusMode::Hard, fc, 1e-6f);
+                                                  FocusMode::Hard, fc);
           },
           opt.reps, 1);
       dec_keys = (double)keys / (double)n_dec;
@@ -193,7 +193,7 @@ int run_attention_bench(const AttnBenchOptions& opt, nlohmann::json* result) {
           [&] {
             for (int64_t i = n - n_dec; i < n; ++i)
               cpu::focus_cached_attention(q.data() + i * H * D, k.data(), v.data(), od2.data(), s, i, 1,
-                                          FocusMode::Off, fc, 1e-6f);
+                                          FocusMode::Off, fc);
           },
           opt.reps, 1);
       for (int64_t y = 0; y < H * D; ++y) err_split = std::max(err_split, (double)std::fabs(od2[y] - od[y]));

@@ -71,7 +71,7 @@ class WindowAttention final : public AttentionPolicy {
     }
     static const FocusLayerCache none;
     const int64_t pairs = cpu::focus_cached_attention(a.q, a.k, a.v, a.out, focus_shape(c, fs_, a.layer, n), a.pos0, a.T,
-                                                 FocusMode::Window, none, fs_.eps);
+                                                 FocusMode::Window, none);
     if (stats) add_causal(stats, a.pos0, a.T, (double)pairs);
   }
 
@@ -116,7 +116,7 @@ class FocusAttention final : public AttentionPolicy {
     if (n <= fs_.local_window) return dense_attention().attend(a, state, nullptr);
     if (a.pos0 > 0) {
       const int64_t pairs = cpu::focus_cached_attention(a.q, a.k, a.v, a.out, focus_shape(c, fs_, a.layer, n), a.pos0, a.T,
-                                                   fs_.mode, fc, fs_.eps);
+                                                   fs_.mode, fc);
       if (stats && !soft) add_causal(stats, a.pos0, a.T, (double)pairs);
       return;
     }

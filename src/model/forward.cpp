@@ -36,7 +36,6 @@ void forward(const Model& m, const int32_t* ids, int64_t T, KVCache& cache, floa
   if (c.learned_pos)
     FOCUS_CHECK(pos0 + T <= c.max_ctx, "forward: position ", pos0 + T - 1, " is beyond the model's ", c.max_ctx,
                 " learned positions");
-  if ((int64_t)cache.state.size() < c.layers) cache.state.resize(c.layers);
 
   float* x = hidden;  // the residual stream lives in the output buffer
   embed_tokens(m, ids, T, pos0, x);

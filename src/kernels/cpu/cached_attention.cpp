@@ -34,7 +34,7 @@ struct RowKeys {
   std::vector<int32_t> merged;
 };
 
-void row_keys(int64_t i, const AttnShape& s, FocusMode mode, const FocusLayerCache& fc, float eps, RowKeys& rk) {
+void row_keys(int64_t i, const AttnShape& s, FocusMode mode, const FocusLayerCache& fc, RowKeys& rk) {
   auto& idx = rk.idx;
   idx.clear();
   rk.bias.clear();
@@ -50,7 +50,7 @@ void row_keys(int64_t i, const AttnShape& s, FocusMode mode, const FocusLayerCac
         const float* pj = fc.p.data() + j * G;
         float acc = 0.f;
         for (int64_t g = 0; g < G; ++g) acc += pi[g] * pj[g];
-        b = std::log(acc + eps);
+        b = std::log(acc + s.eps);
       }
       rk.bias.push_back(b);
     }
@@ -163,7 +163,7 @@ void attend_row(const float* q, const float* k, const float* v, float* o, const 
 }  // namespace
 
 int64_t focus_cached_attention(const float* q, const float* k, const float* v, float* o, const AttnShape& s,
-                               int64_t pos0, int64_t t, FocusMode mode, const FocusLayerCache& fc, float eps) {
+                               int64_t pos0, int64_t t, FocusMode mode, const FocusLayerCache& fc) {
 
   FOCUS_CHECK(s.heads % s.kv_heads == 0 && s.local_window >= 1 && s.sinks >= 0 && pos0 >= 0 && t >= 1,
               "focus_cached_attention: bad shape");
@@ -178,7 +178,7 @@ int64_t focus_cached_attention(const float* q, const float* k, const float* v, f
   int64_t pairs = 0;
   if (t == 1) {
     RowKeys rk;
-    row_keys(pos0, s, mode, fc, eps, rk);
+    row_keys(pos0, s, mode, fc, rk);
     std::vector<float> sc, parts;
     attend_row(q, k, v, o, s, rk, sc, parts, /*parallel=*/true);
     return (int64_t)rk.idx.size();
@@ -190,7 +190,7 @@ int64_t focus_cached_attention(const float* q, const float* k, const float* v, f
     std::vector<float> sc, parts;
 #pragma omp for schedule(dynamic, 4)
     for (int64_t r = 0; r < t; ++r) {
-      row_keys(pos0 + r, s, mode, fc, eps, rk);
+      row_keys(pos0 + r, s, mode, fc, rk);
       pairs += (int64_t)rk.idx.size();
       attend_row(q + r * s.q_stride, k, v, o + r * s.o_stride, s, rk, sc, parts, /*parallel=*/false);
     }

@@ -6,7 +6,6 @@
 #include "focus/focus_cache.h"
 #include "focus/group_layout.h"
 #include "focus/balancing.h"
-#include "kernels/cpu/attention.h"
 #include "kernels/cpu/cached_attention.h"
 #include "kernels/cpu/soft_attention.h"
 #include "kernels/cpu/sparse_attention.h"
@@ -70,8 +69,8 @@ class WindowAttention final : public AttentionPolicy {
       return;
     }
     static const FocusLayerCache none;
-    const int64_t pairs = cpu::focus_cached_attention(a.q, a.k, a.v, a.out, focus_shape(c, fs_, a.layer, n), a.pos0, a.T,
-                                                 FocusMode::Window, none);
+    const int64_t pairs = cpu::focus_cached_attention(a.q, a.k, a.v, a.out, focus_shape(c, fs_, a.layer, n),
+                                                      a.pos0, a.T, FocusMode::Window, none);
     if (stats) add_causal(stats, a.pos0, a.T, (double)pairs);
   }
 
@@ -115,8 +114,8 @@ class FocusAttention final : public AttentionPolicy {
     const int64_t n = a.pos0 + a.T;
     if (n <= fs_.local_window) return dense_attention().attend(a, state, nullptr);
     if (a.pos0 > 0) {
-      const int64_t pairs = cpu::focus_cached_attention(a.q, a.k, a.v, a.out, focus_shape(c, fs_, a.layer, n), a.pos0, a.T,
-                                                   fs_.mode, fc);
+      const int64_t pairs = cpu::focus_cached_attention(a.q, a.k, a.v, a.out, focus_shape(c, fs_, a.layer, n),
+                                                        a.pos0, a.T, fs_.mode, fc);
       if (stats && !soft) add_causal(stats, a.pos0, a.T, (double)pairs);
       return;
     }

@@ -2,9 +2,10 @@
 // model FLOP utilisation of the GEMM part of prefill against that sgemm peak; and the router
 // training step (Focus soft forward + backward through the frozen model) at --train-ctx, with its
 // useful-FLOP utilisation against the same sgemm peak; and the soft-mode Focus attention kernels
-// alone at --soft-attn tokens (bench_soft_attention.h).
-//   focus_bench [--model smollm2] [--ctx 512,2048] [--train-ctx 1024] [--soft-attn 2048] [--reps 3]
-//               [--threads T] [--json FILE]
+// alone at --soft-attn tokens (bench_soft_attention.h); and the grouped Focus attention kernel
+// against dense attention at --grouped-attn tokens (bench_grouped_attention.h).
+//   focus_bench [--model smollm2] [--ctx 512,2048] [--train-ctx 1024] [--soft-attn 2048]
+//               [--grouped-attn 8192] [--reps 3] [--threads T] [--json FILE]
 #include <cblas.h>
 
 #include <algorithm>
@@ -24,6 +25,7 @@
 #include "kernels/cpu/ops.h"
 #include "model/model.h"
 #include "train/backward.h"
+#include "bench_grouped_attention.h"
 #include "bench_soft_attention.h"
 
 using namespace focus;
@@ -61,7 +63,7 @@ int main(int argc, char** argv) {
   std::string model = "smollm2", json_path;
   std::vector<int64_t> ctxs = {512, 2048};
   int reps = 3, threads = 0;
-  int64_t train_ctx = 1024, soft_attn = 2048;
+  int64_t train_ctx = 1024, soft_attn = 2048, grouped_attn = 0;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     auto next = [&]() -> std::string {
@@ -77,13 +79,15 @@ int main(int argc, char** argv) {
     else if (a == "--threads") threads = std::stoi(next());
     else if (a == "--train-ctx") train_ctx = std::stoll(next());
     else if (a == "--soft-attn") soft_attn = std::stoll(next());
+    else if (a == "--grouped-attn") grouped_attn = std::stoll(next());
     else if (a == "--ctx") {
       ctxs.clear();
       std::stringstream ss(next());
       for (std::string p; std::getline(ss, p, ',');) ctxs.push_back(std::stoll(p));
     } else {
       std::fprintf(stderr, "usage: focus_bench [--model M] [--ctx 512,2048] [--train-ctx N (0: skip)] "
-                           "[--soft-attn N (0: skip)] [--reps N] [--threads T] [--json FILE]\n");
+                           "[--soft-attn N (0: skip)] [--grouped-attn N (0: skip)] [--reps N] [--threads T] "
+                           "[--json FILE]\n");
       return 2;
     }
   }
@@ -95,6 +99,7 @@ int main(int argc, char** argv) {
     std::printf("sgemm 2048^3: %.1f GFLOP/s (%d threads)\n", peak_sq, num_threads());
     out["sgemm_gflops_2048"] = peak_sq;
     if (soft_attn > 0) out["soft_attention"] = bench_soft_attention(soft_attn, reps);
+    if (grouped_attn > 0) out["grouped_attention"] = bench_grouped_attention(grouped_attn, reps);
 
     LoadOptions lo;
     lo.need_tokenizer = false;

@@ -1,0 +1,571 @@
+#include "kernels/cpu/grouped_attention.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+#include "core/error.h"
+#include "kernels/cpu/simd.h"
+#include "kernels/cpu/sparse_attention.h"
+#include "kernels/cpu/tile_engine.h"
+
+namespace focus::cpu {
+namespace {
+
+using namespace tiles;
+
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+void check_shape(const AttnShape& s) {
+  FOCUS_CHECK(s.n_q >= 0 && s.n_kv >= 0 && s.n_kv < (int64_t{1} << 31), "grouped attention: n_q ", s.n_q,
+              " or n_kv ", s.n_kv, " out of range");
+  FOCUS_CHECK(s.q_pos0 >= 0 && s.q_pos0 + s.n_q <= s.n_kv, "grouped attention: rows at positions ", s.q_pos0,
+              " .. ", s.q_pos0 + s.n_q - 1, " need keys up to there, n_kv is ", s.n_kv);
+  FOCUS_CHECK(s.heads >= 1 && s.kv_heads >= 1 && s.heads % s.kv_heads == 0, "grouped attention: heads ", s.heads,
+              " not a multiple of kv_heads ", s.kv_heads);
+  FOCUS_CHECK(s.head_dim >= 1, "grouped attention: head_dim must be positive");
+  FOCUS_CHECK(s.q_stride >= s.heads * s.head_dim && s.o_stride >= s.heads * s.head_dim &&
+                  s.kv_stride >= s.kv_heads * s.head_dim,
+              "grouped attention: row strides smaller than a row");
+  FOCUS_CHECK(s.sliding_window == 0, "grouped attention: sliding_window must be 0, got ", s.sliding_window);
+  FOCUS_CHECK(s.local_window >= 1, "grouped attention: local_window must be >= 1, got ", s.local_window);
+  FOCUS_CHECK(s.sinks >= 0, "grouped attention: sinks must be >= 0, got ", s.sinks);
+}
+
+// The query side: slot ids in [-1, G), used ids of one slot list distinct.
+void check_routing(const AttnShape& s, const GroupedRouting& r) {
+  FOCUS_CHECK(r.n_groups >= 1 && r.n_groups < (int64_t{1} << 31), "grouped attention: n_groups ", r.n_groups,
+              " out of range");
+  FOCUS_CHECK(r.route_heads >= 1 && s.heads % r.route_heads == 0, "grouped attention: route_heads ",
+              r.route_heads, " does not divide heads ", s.heads);
+  FOCUS_CHECK(r.kq >= 1, "grouped attention: kq must be >= 1, got ", r.kq);
+  FOCUS_CHECK(s.n_q == 0 || r.query_groups, "grouped attention: no query_groups");
+  for (int64_t t = 0; t < s.n_q; ++t)
+    for (int64_t h = 0; h < s.heads; ++h) {
+      const int32_t* g = r.query_groups + (t * s.heads + h) * r.kq;
+      for (int c = 0; c < r.kq; ++c) {
+        FOCUS_CHECK(g[c] >= -1 && g[c] < r.n_groups, "grouped attention: query group id ", g[c], " (row ", t,
+                    ", head ", h, ", slot ", c, ") outside [-1, ", r.n_groups, ")");
+        for (int c2 = 0; c2 < c; ++c2)
+          FOCUS_CHECK(g[c] < 0 || g[c] != g[c2], "grouped attention: row ", t, ", head ", h, " lists group ", g[c],
+                      " twice");
+      }
+    }
+}
+
+// The key side as stored in a routing: [RH, n_kv] ids in [0, G).
+void check_key_groups(const int32_t* key_group, int64_t n_kv, int64_t G, int64_t RH) {
+  FOCUS_CHECK(n_kv == 0 || key_group, "grouped attention: no key_group");
+  for (int64_t x = 0; x < RH * n_kv; ++x)
+    FOCUS_CHECK(key_group[x] >= 0 && key_group[x] < G, "grouped attention: key group id ", key_group[x], " (key ",
+                x % std::max<int64_t>(1, n_kv), ", routing head ", x / std::max<int64_t>(1, n_kv), ") outside [0, ",
+                G, ")");
+}
+
+inline int64_t route_of(const AttnShape& s, const GroupedRouting& r, int64_t h) {
+  return h / (s.heads / r.route_heads);
+}
+
+bool reads(const GroupedRouting& r, const int32_t* slots, int32_t g) {
+  for (int c = 0; c < r.kq; ++c)
+    if (slots[c] == g) return true;
+  return false;
+}
+
+float dot(const float* a, const float* b, int64_t d) {
+  using namespace simd;
+  int64_t x = 0;
+  float acc_s = 0.f;
+  if (d >= kV) {
+    vf acc{};
+    for (; x + kV <= d; x += kV) acc = vfma(load(a + x), load(b + x), acc);
+    acc_s = hsum(acc);
+  }
+  for (; x < d; ++x) acc_s += a[x] * b[x];
+  return acc_s;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Self-attention in tiles: the keys of one kv head beyond every row's window, in group order under
+// one routing head, packed into key tiles (each group starts on a tile boundary).
+struct PackedKeys {
+  int64_t hdp = 0, n_tiles = 0;
+  std::vector<int64_t> tile_off;  // [G + 1] first tile of each group
+  std::vector<int64_t> a0;        // [G] first member of the group at a position >= sinks
+  std::vector<int32_t> slot_pos;  // [tiles * kBk] key position at each slot, -1 for padding
+  FloatBuffer kt, v;              // [tiles][hdp][kBk] transposed keys, [tiles][kBk][hdp] values
+
+  // Members at positions S .. last (the last position any row reads beyond its window).
+  void build(const GroupedKeyIndex& idx, int64_t r, int64_t S, int64_t last, int64_t hdp_) {
+    const int64_t G = idx.n_groups;
+    hdp = hdp_;
+    tile_off.assign(G + 1, 0);
+    a0.assign(G, 0);
+    std::vector<int64_t> len(G, 0);
+    for (int64_t g = 0; g < G; ++g) {
+      const auto& m = idx.group(r, g);
+      const auto lo = std::lower_bound(m.begin(), m.end(), S);
+      const auto hi = std::upper_bound(lo, m.end(), last);
+      a0[g] = lo - m.begin();
+      len[g] = hi - lo;
+      tile_off[g + 1] = tile_off[g] + (len[g] + kBk - 1) / kBk;
+    }
+    n_tiles = tile_off[G];
+    slot_pos.assign(n_tiles * kBk, -1);
+    for (int64_t g = 0; g < G; ++g)
+      std::copy_n(idx.group(r, g).begin() + a0[g], len[g], slot_pos.begin() + tile_off[g] * kBk);
+    kt.resize(std::max<int64_t>(1, n_tiles) * hdp * kBk);
+    v.resize(std::max<int64_t>(1, n_tiles) * kBk * hdp);
+  }
+  const float* kt_tile(int64_t t) const { return kt.data() + t * hdp * kBk; }
+  const float* v_tile(int64_t t) const { return v.data() + t * kBk * hdp; }
+
+  // Copies tile t's keys and values of kv head kvh; the transposed writes stay in one 16 KiB tile.
+  void fill_tile(int64_t t, const float* k, const float* vv, const AttnShape& s, int64_t kvh) {
+    const int64_t hd = s.head_dim;
+    float* kt_t = kt.data() + t * hdp * kBk;
+    float* v_t = v.data() + t * kBk * hdp;
+    for (int c = 0; c < kBk; ++c) {
+      const int64_t j = slot_pos[t * kBk + c];
+      float* vr = v_t + c * hdp;
+      if (j < 0) {
+        for (int64_t d = 0; d < hdp; ++d) kt_t[d * kBk + c] = 0.f;
+        std::fill(vr, vr + hdp, 0.f);
+        continue;
+      }
+      const float* kr = k + j * s.kv_stride + kvh * hd;
+      for (int64_t d = 0; d < hd; ++d) kt_t[d * kBk + c] = kr[d];
+      for (int64_t d = hd; d < hdp; ++d) kt_t[d * kBk + c] = 0.f;
+      std::memcpy(vr, vv + j * s.kv_stride + kvh * hd, hd * sizeof(float));
+      std::fill(vr + hd, vr + hdp, 0.f);
+    }
+  }
+};
+
+// A row reading a group: its row index, how many of the group's packed keys it sees (a prefix:
+// the keys at positions <= p - w), and the slot the group has in its list.
+struct RowRef {
+  int32_t t, cut, slot;
+};
+
+// One unit of work: query tile [b, e) of the rows of (local head hl, group g).
+struct Item {
+  int32_t hl, g;
+  int64_t b, e, cost;
+};
+
+// The rows of each (local head, group) of one kv head, in increasing row order (so the cuts do
+// not decrease), and the items that cover them, costliest first so the cheap ones even out the
+// finish.
+struct RowLists {
+  std::vector<int64_t> off;  // [hpk * G + 1]
+  std::vector<RowRef> rows;
+  std::vector<Item> items;
+
+  void build(const AttnShape& s, const GroupedRouting& r, const GroupedKeyIndex& idx,
+             const std::vector<PackedKeys>& packed, int64_t kvh, int64_t r_first) {
+    const int64_t hpk = s.heads / s.kv_heads, G = r.n_groups, w = s.local_window;
+    off.assign(hpk * G + 1, 0);
+    auto cut_of = [&](int64_t h, int64_t t, int32_t g) -> int64_t {
+      const int64_t rh = route_of(s, r, h);
+      const auto& m = idx.group(rh, g);
+      const PackedKeys& P = packed[rh - r_first];
+      const int64_t lim = s.q_pos0 + t - w;  // beyond the window: positions <= lim
+      if (lim < s.sinks) return 0;
+      return std::upper_bound(m.begin() + P.a0[g], m.end(), (int32_t)lim) - m.begin() - P.a0[g];
+    };
+    // Two passes (count, then place) keep each list in row order without sorting.
+    rows.clear();
+    for (int pass = 0; pass < 2; ++pass) {
+      std::vector<int64_t> fill;
+      if (pass == 1) {
+        for (int64_t x = 0; x < hpk * G; ++x) off[x + 1] += off[x];
+        rows.resize(off.back());
+        fill.assign(off.begin(), off.end() - 1);
+      }
+      for (int64_t hl = 0; hl < hpk; ++hl) {
+        const int64_t h = kvh * hpk + hl;
+        for (int64_t t = 0; t < s.n_q; ++t) {
+          const int32_t* gs = r.query_groups + (t * s.heads + h) * r.kq;
+          for (int c = 0; c < r.kq; ++c) {
+            if (gs[c] < 0) continue;
+            const int64_t cut = cut_of(h, t, gs[c]);
+            if (cut == 0) continue;
+            const int64_t list = hl * G + gs[c];
+            if (pass == 0)
+              ++off[list + 1];
+            else
+              rows[fill[list]++] = RowRef{(int32_t)t, (int32_t)cut, c};
+          }
+        }
+      }
+    }
+    items.clear();
+    for (int64_t hl = 0; hl < hpk; ++hl)
+      for (int64_t g = 0; g < G; ++g) {
+        const int64_t b0 = off[hl * G + g], e0 = off[hl * G + g + 1];
+        for (int64_t b = b0; b < e0; b += kBq) {
+          const int64_t e = std::min(e0, b + kBq);
+          items.push_back({(int32_t)hl, (int32_t)g, b, e, (rows[e - 1].cut + kBk - 1) / kBk});
+        }
+      }
+    std::stable_sort(items.begin(), items.end(), [](const Item& x, const Item& y) { return x.cost > y.cost; });
+  }
+};
+
+// The calling thread's buffers that only grow (handed to the parallel team by reference).
+struct Scratch {
+  std::vector<PackedKeys> packed;  // per routing head of one kv head
+  FloatBuffer win_lse;             // [heads, n] the window part's lse
+  FloatBuffer slot_o, slot_lse;    // [n, hpk, kq, hd] / [n, hpk, kq] the group parts of one kv head
+  size_t bytes() const {
+    size_t b = win_lse.bytes() + slot_o.bytes() + slot_lse.bytes();
+    for (const auto& p : packed) b += p.kt.bytes() + p.v.bytes();
+    return b;
+  }
+  void release() {
+    packed.clear();
+    win_lse.release();
+    slot_o.release();
+    slot_lse.release();
+  }
+};
+thread_local Scratch tl_scratch;
+
+// One item: the item's rows against the packed keys of their group, each row seeing a prefix of
+// them; the partial state goes to the row's slot.
+void run_item(QueryTile& qt, RowSpan* spans, const Item& it, const RowLists& L, const PackedKeys& P, const float* q,
+              const AttnShape& s, const GroupedRouting& r, int64_t kvh, float* slot_o, float* slot_lse) {
+  const int64_t hd = s.head_dim, hpk = s.heads / s.kv_heads, h = kvh * hpk + it.hl;
+  const RowRef* rows = L.rows.data() + it.b;
+  const int n = (int)(it.e - it.b);
+  qt.reset(n);
+  for (int i = 0; i < n; ++i) qt.load_row(i, q + (int64_t)rows[i].t * s.q_stride + h * hd, hd, s.scale);
+  const int64_t tile0 = P.tile_off[it.g], cut_max = rows[n - 1].cut;
+  int r0 = 0;
+  for (int64_t lt = 0; lt * kBk < cut_max; ++lt) {
+    const int64_t j0 = lt * kBk;
+    while (r0 < n && rows[r0].cut <= j0) ++r0;  // cuts do not decrease: the rows that see nothing lead
+    for (int i = r0; i < n; ++i) {
+      spans[i] = RowSpan{};
+      spans[i].hi0 = (int)std::min<int64_t>(kBk, rows[i].cut - j0);
+    }
+    qt.visit(P.kt_tile(tile0 + lt), P.v_tile(tile0 + lt), P.hdp, r0, n, spans, nullptr);
+  }
+  for (int i = 0; i < n; ++i) {
+    const int64_t x = ((int64_t)rows[i].t * hpk + it.hl) * r.kq + rows[i].slot;
+    qt.store_row(i, slot_o + x * hd, hd, slot_lse + x);
+  }
+}
+
+void gathered_attention(const float* q, const float* k, const float* v, float* o, float* lse, const AttnShape& s,
+                        const GroupedRouting& r, const GroupedKeyIndex& idx, bool with_groups);
+
+// Many rows: the window and sinks part (focus_window_attention for self-attention, else gathered
+// per row, a short list), then the group part in tiles, merged into it.
+void tiled_attention(const float* q, const float* k, const float* v, float* o, float* lse, const AttnShape& s,
+                     const GroupedRouting& r, const GroupedKeyIndex& idx) {
+  const int64_t n = s.n_q, hd = s.head_dim, hdp = padded_dim(hd), hpk = s.heads / s.kv_heads, kq = r.kq;
+  Scratch& sc = tl_scratch;
+  sc.win_lse.resize(s.heads * n);
+  float* wl = sc.win_lse.data();
+  if (s.q_pos0 == 0 && s.n_kv == n)
+    focus_window_attention(q, k, v, o, wl, s);
+  else
+    gathered_attention(q, k, v, o, wl, s, r, idx, /*with_groups=*/false);
+  // No row reads beyond its window before position w + sinks; the last row reads up to p_last - w.
+  const int64_t last = s.q_pos0 + n - 1 - s.local_window;
+  if (last >= s.sinks) {
+    sc.slot_o.resize(n * hpk * kq * hd);
+    sc.slot_lse.resize(n * hpk * kq);
+    float *so = sc.slot_o.data(), *sl = sc.slot_lse.data();
+    RowLists L;
+    for (int64_t kvh = 0; kvh < s.kv_heads; ++kvh) {
+      // The routing heads of this kv head's query heads: a contiguous range.
+      const int64_t r_first = route_of(s, r, kvh * hpk), r_last = route_of(s, r, kvh * hpk + hpk - 1);
+      if ((int64_t)sc.packed.size() < r_last - r_first + 1) sc.packed.resize(r_last - r_first + 1);
+      int64_t tiles = 0;
+      for (int64_t rh = r_first; rh <= r_last; ++rh) {
+        sc.packed[rh - r_first].build(idx, rh, s.sinks, last, hdp);
+        tiles += sc.packed[rh - r_first].n_tiles;
+      }
+      L.build(s, r, idx, sc.packed, kvh, r_first);
+      std::fill(sl, sl + n * hpk * kq, kNegInf);
+      std::vector<PackedKeys>& packed = sc.packed;
+#pragma omp parallel
+      {
+#pragma omp for schedule(static)
+        for (int64_t t = 0; t < tiles; ++t) {
+          int64_t x = t, p = 0;
+          while (x >= packed[p].n_tiles) x -= packed[p++].n_tiles;
+          packed[p].fill_tile(x, k, v, s, kvh);
+        }
+        QueryTile qt(hdp);
+        RowSpan spans[kBq];
+#pragma omp for schedule(dynamic, 1)
+        for (size_t i = 0; i < L.items.size(); ++i) {
+          const Item& it = L.items[i];
+          const PackedKeys& P = packed[route_of(s, r, kvh * hpk + it.hl) - r_first];
+          run_item(qt, spans, it, L, P, q, s, r, kvh, so, sl);
+        }
+        // The window part first, then the slots in order: a fixed order, whoever ran the items.
+#pragma omp for schedule(static)
+        for (int64_t t = 0; t < n; ++t)
+          for (int64_t hl = 0; hl < hpk; ++hl) {
+            const int64_t h = kvh * hpk + hl, x0 = (t * hpk + hl) * kq;
+            bool any = false;
+            for (int64_t c = 0; c < kq; ++c) any |= sl[x0 + c] != kNegInf;
+            if (!any) continue;
+            float* orow = o + t * s.o_stride + h * hd;
+            wl[h * n + t] = merge_partials(kq + 1, hd, orow, [&](int64_t c) {
+              return c == 0 ? Partial{wl[h * n + t], 1.f, orow} : Partial{sl[x0 + c - 1], 1.f, so + (x0 + c - 1) * hd};
+            });
+          }
+      }
+    }
+  }
+  if (lse) std::copy(wl, wl + s.heads * n, lse);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Chunks and decoding: each (row, head) gathers its visible keys (sinks, the members of its groups
+// beyond the window, the window) and cuts them into slices of kSlice keys; each slice's partial
+// state (m, l, then head_dim unnormalised output floats) is merged in slice order.
+constexpr int64_t kSlice = 256;
+// Up to this many (row, head) pairs (decoding, small chunks), every (row, head, slice) is a task
+// and the group part is gathered too: too few rows to fill a query tile.
+constexpr int64_t kFewPairs = 64;
+
+void row_keys(const AttnShape& s, const GroupedRouting& r, const GroupedKeyIndex& idx, int64_t t, int64_t h,
+              bool with_groups, std::vector<int32_t>& keys) {
+  keys.clear();
+  const int64_t p = s.q_pos0 + t, lo = std::max<int64_t>(0, p - s.local_window + 1);
+  for (int64_t j = 0; j < std::min(s.sinks, lo); ++j) keys.push_back((int32_t)j);
+  if (with_groups && lo > s.sinks) {
+    const int32_t* gs = r.query_groups + (t * s.heads + h) * r.kq;
+    for (int c = 0; c < r.kq; ++c) {
+      if (gs[c] < 0) continue;
+      const auto& m = idx.group(route_of(s, r, h), gs[c]);
+      const auto a = std::lower_bound(m.begin(), m.end(), (int32_t)s.sinks);
+      keys.insert(keys.end(), a, std::lower_bound(a, m.end(), (int32_t)lo));
+    }
+  }
+  for (int64_t j = lo; j <= p; ++j) keys.push_back((int32_t)j);
+}
+
+// The partial state of query row qr (kv head kvh) over keys[0 .. len) into part (head_dim + 2).
+void slice_partial(const float* qr, const float* k, const float* v, const AttnShape& s, int64_t kvh,
+                   const int32_t* keys, int64_t len, float* sc, float* part) {
+  using namespace simd;
+  const int64_t hd = s.head_dim;
+  float mx = kNegInf;
+  for (int64_t m = 0; m < len; ++m) {
+    if (m + 4 < len) __builtin_prefetch(k + (int64_t)keys[m + 4] * s.kv_stride + kvh * hd);
+    sc[m] = dot(qr, k + (int64_t)keys[m] * s.kv_stride + kvh * hd, hd) * s.scale;
+    mx = std::max(mx, sc[m]);
+  }
+  float sum = 0.f;
+  for (int64_t m = 0; m < len; ++m) sum += (sc[m] = std::exp(sc[m] - mx));
+  part[0] = mx;
+  part[1] = sum;
+  float* acc = part + 2;
+  std::fill(acc, acc + hd, 0.f);
+  for (int64_t m = 0; m < len; ++m) {
+    if (m + 4 < len) __builtin_prefetch(v + (int64_t)keys[m + 4] * s.kv_stride + kvh * hd);
+    const float* vr = v + (int64_t)keys[m] * s.kv_stride + kvh * hd;
+    const float wt = sc[m];
+    int64_t x = 0;
+    const vf wv = bcast(wt);
+    for (; x + kV <= hd; x += kV) store(acc + x, vfma(wv, load(vr + x), load(acc + x)));
+    for (; x < hd; ++x) acc[x] += wt * vr[x];
+  }
+}
+
+float merge_slices(const float* parts, int64_t slices, int64_t hd, float* out) {
+  return merge_partials(slices, hd, out, [&](int64_t c) {
+    const float* pr = parts + c * (hd + 2);
+    return Partial{pr[0], pr[1], pr + 2};
+  });
+}
+
+// With with_groups false, the window and sinks part alone.
+void gathered_attention(const float* q, const float* k, const float* v, float* o, float* lse, const AttnShape& s,
+                        const GroupedRouting& r, const GroupedKeyIndex& idx, bool with_groups) {
+  const int64_t hd = s.head_dim, hpk = s.heads / s.kv_heads, part = hd + 2;
+  auto qrow = [&](int64_t t, int64_t h) { return q + t * s.q_stride + h * hd; };
+  auto orow = [&](int64_t t, int64_t h) { return o + t * s.o_stride + h * hd; };
+  if (s.n_q * s.heads <= kFewPairs) {
+    // Few rows (decoding): every (row, head, slice) is a task, so one long row fills the threads.
+    const int64_t pairs = s.n_q * s.heads;
+    std::vector<std::vector<int32_t>> keys(pairs);
+    std::vector<int64_t> first(pairs + 1, 0);
+    for (int64_t x = 0; x < pairs; ++x) {
+      row_keys(s, r, idx, x / s.heads, x % s.heads, with_groups, keys[x]);
+      first[x + 1] = first[x] + ((int64_t)keys[x].size() + kSlice - 1) / kSlice;
+    }
+    std::vector<float> parts(first[pairs] * part);
+#pragma omp parallel if (first[pairs] > 1 && first[pairs] * kSlice * hd > 32768)
+    {
+      std::vector<float> sc(kSlice);
+#pragma omp for schedule(dynamic, 1)
+      for (int64_t task = 0; task < first[pairs]; ++task) {
+        const int64_t x = std::upper_bound(first.begin(), first.end(), task) - first.begin() - 1;
+        const int64_t c = task - first[x], t = x / s.heads, h = x % s.heads;
+        const int64_t m0 = c * kSlice, len = std::min<int64_t>(kSlice, (int64_t)keys[x].size() - m0);
+        slice_partial(qrow(t, h), k, v, s, h / hpk, keys[x].data() + m0, len, sc.data(), parts.data() + task * part);
+      }
+    }
+    for (int64_t x = 0; x < pairs; ++x) {
+      const int64_t t = x / s.heads, h = x % s.heads;
+      const float l = merge_slices(parts.data() + first[x] * part, first[x + 1] - first[x], hd, orow(t, h));
+      if (lse) lse[h * s.n_q + t] = l;
+    }
+    return;
+  }
+#pragma omp parallel
+  {
+    std::vector<int32_t> keys;
+    std::vector<float> sc(kSlice), parts;
+#pragma omp for schedule(dynamic, 4)
+    for (int64_t x = 0; x < s.n_q * s.heads; ++x) {
+      const int64_t t = x / s.heads, h = x % s.heads;
+      row_keys(s, r, idx, t, h, with_groups, keys);
+      const int64_t slices = ((int64_t)keys.size() + kSlice - 1) / kSlice;
+      parts.resize(slices * part);
+      for (int64_t c = 0; c < slices; ++c)
+        slice_partial(qrow(t, h), k, v, s, h / hpk, keys.data() + c * kSlice,
+                      std::min<int64_t>(kSlice, (int64_t)keys.size() - c * kSlice), sc.data(), parts.data() + c * part);
+      const float l = merge_slices(parts.data(), slices, hd, orow(t, h));
+      if (lse) lse[h * s.n_q + t] = l;
+    }
+  }
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+void GroupedKeyIndex::reset(int64_t G, int64_t RH) {
+  FOCUS_CHECK(G >= 1 && G < (int64_t{1} << 31) && RH >= 1, "GroupedKeyIndex: bad n_groups ", G,
+              " or route_heads ", RH);
+  n_groups = G;
+  route_heads = RH;
+  n_keys = 0;
+  members.assign(RH * G, {});
+}
+
+void GroupedKeyIndex::build(const GroupedRouting& routing, int64_t n_kv) {
+  reset(routing.n_groups, routing.route_heads);
+  append(routing.key_group, n_kv);
+}
+
+void GroupedKeyIndex::append(const int32_t* key_group_rows, int64_t n_new) {
+  FOCUS_CHECK(n_new >= 0 && n_keys + n_new < (int64_t{1} << 31), "GroupedKeyIndex: ", n_keys + n_new,
+              " keys out of range");
+  if (n_new == 0) return;
+  FOCUS_CHECK(!members.empty(), "GroupedKeyIndex: append before build or reset");
+  for (int64_t x = 0; x < route_heads * n_new; ++x)
+    FOCUS_CHECK(key_group_rows[x] >= 0 && key_group_rows[x] < n_groups, "GroupedKeyIndex: group id ",
+                key_group_rows[x], " of key ", n_keys + x % n_new, " (routing head ", x / n_new, ") outside [0, ",
+                n_groups, ")");
+  for (int64_t rh = 0; rh < route_heads; ++rh)
+    for (int64_t j = 0; j < n_new; ++j)
+      members[rh * n_groups + key_group_rows[rh * n_new + j]].push_back((int32_t)(n_keys + j));
+  n_keys += n_new;
+}
+
+void GroupedKeyIndex::truncate(int64_t n) {
+  FOCUS_CHECK(n >= 0 && n <= n_keys, "GroupedKeyIndex: cannot truncate ", n_keys, " keys to ", n);
+  for (auto& m : members) m.resize(std::lower_bound(m.begin(), m.end(), (int32_t)n) - m.begin());
+  n_keys = n;
+}
+
+void grouped_attention_reference(const float* q, const float* k, const float* v, float* o, float* lse,
+                                 const AttnShape& s, const GroupedRouting& r) {
+  check_shape(s);
+  check_routing(s, r);
+  check_key_groups(r.key_group, s.n_kv, r.n_groups, r.route_heads);
+  const int64_t hd = s.head_dim, hpk = s.heads / s.kv_heads;
+#pragma omp parallel for schedule(dynamic, 4)
+  for (int64_t t = 0; t < s.n_q; ++t) {
+    const int64_t p = s.q_pos0 + t;
+    std::vector<double> sc(p + 1), acc(hd);
+    for (int64_t h = 0; h < s.heads; ++h) {
+      const int32_t* slots = r.query_groups + (t * s.heads + h) * r.kq;
+      const int32_t* kg = r.key_group + route_of(s, r, h) * s.n_kv;
+      const float* qr = q + t * s.q_stride + h * hd;
+      const int64_t kvh = h / hpk;
+      double mx = -INFINITY;
+      for (int64_t j = 0; j <= p; ++j) {
+        const bool vis = p - j < s.local_window || j < s.sinks || reads(r, slots, kg[j]);
+        sc[j] = -INFINITY;
+        if (!vis) continue;
+        const float* kr = k + j * s.kv_stride + kvh * hd;
+        double d = 0;
+        for (int64_t y = 0; y < hd; ++y) d += (double)qr[y] * kr[y];
+        sc[j] = d * s.scale;
+        mx = std::max(mx, sc[j]);
+      }
+      std::fill(acc.begin(), acc.end(), 0.0);
+      double sum = 0;
+      for (int64_t j = 0; j <= p; ++j) {
+        if (sc[j] == -INFINITY) continue;
+        const double e = std::exp(sc[j] - mx);
+        sum += e;
+        const float* vr = v + j * s.kv_stride + kvh * hd;
+        for (int64_t y = 0; y < hd; ++y) acc[y] += e * vr[y];
+      }
+      float* orow = o + t * s.o_stride + h * hd;
+      for (int64_t y = 0; y < hd; ++y) orow[y] = (float)(acc[y] / sum);  // sum >= 1: key p is visible
+      if (lse) lse[h * s.n_q + t] = (float)(mx + std::log(sum));
+    }
+  }
+}
+
+void grouped_attention(const float* q, const float* k, const float* v, float* o, float* lse, const AttnShape& s,
+                       const GroupedRouting& r, const GroupedKeyIndex& idx) {
+  check_shape(s);
+  check_routing(s, r);
+  FOCUS_CHECK(idx.n_groups == r.n_groups && idx.route_heads == r.route_heads, "grouped attention: the key index has ",
+              idx.n_groups, " groups and ", idx.route_heads, " routing heads, the routing ", r.n_groups, " and ",
+              r.route_heads);
+  FOCUS_CHECK(idx.n_keys >= s.n_kv, "grouped attention: the key index holds ", idx.n_keys, " keys, ", s.n_kv,
+              " needed");
+  if (s.n_q == 0) return;
+  if (s.n_q * s.heads <= kFewPairs)
+    gathered_attention(q, k, v, o, lse, s, r, idx, /*with_groups=*/true);
+  else
+    tiled_attention(q, k, v, o, lse, s, r, idx);
+}
+
+int64_t grouped_pair_count(const AttnShape& s, const GroupedRouting& r) {
+  check_shape(s);
+  check_routing(s, r);
+  check_key_groups(r.key_group, s.n_kv, r.n_groups, r.route_heads);
+  const int64_t G = r.n_groups, RH = r.route_heads, w = s.local_window, S = s.sinks;
+  // cnt[r][g]: keys S <= j <= p - w of group g under routing head r, for the current row's p.
+  std::vector<int64_t> cnt(RH * G, 0);
+  int64_t next = S, total = 0;
+  for (int64_t t = 0; t < s.n_q; ++t) {
+    const int64_t p = s.q_pos0 + t;
+    for (; next <= p - w; ++next)
+      for (int64_t rh = 0; rh < RH; ++rh) ++cnt[rh * G + r.key_group[rh * s.n_kv + next]];
+    total += s.heads * (std::min(p + 1, w) + std::min(S, std::max<int64_t>(0, p - w + 1)));
+    for (int64_t h = 0; h < s.heads; ++h) {
+      const int32_t* gs = r.query_groups + (t * s.heads + h) * r.kq;
+      const int64_t base = route_of(s, r, h) * G;
+      for (int c = 0; c < r.kq; ++c)
+        if (gs[c] >= 0) total += cnt[base + gs[c]];
+    }
+  }
+  return total;
+}
+
+size_t grouped_attention_scratch_bytes() { return tl_scratch.bytes(); }
+
+void grouped_attention_trim_scratch(size_t max_bytes) {
+  if (tl_scratch.bytes() > max_bytes) tl_scratch.release();
+}
+
+}  // namespace focus::cpu

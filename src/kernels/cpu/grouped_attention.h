@@ -1,0 +1,93 @@
+// Asymmetric ("grouped") Focus attention in hard mode. Keys and queries are routed separately:
+// every key belongs to exactly one group per routing head, and every (query row, query head)
+// lists a few groups it reads. A row sees its local window, the sinks and, beyond the window,
+// the keys of the groups it reads. Unlike the symmetric kernels (sparse_attention.h), a key's
+// group says nothing about the rows that read it, and the routing may differ between heads.
+//
+//   grouped_attention_reference  full score row per (row, head), double accumulation (tests only)
+//   grouped_attention            exact fast kernel: window and sinks part, then per (head, group)
+//                                the rows reading the group against the group's packed keys,
+//                                merged exactly by log-sum-exp; decoding gathers each row's
+//                                visible keys instead
+//   grouped_pair_count           the exact number of visible pairs
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "kernels/cpu/attn_shape.h"
+
+namespace focus::cpu {
+
+// The routing of one call. Query head h uses routing head r(h) = h / (heads / route_heads)
+// (route_heads = 1: one routing per layer; kv_heads: one per kv head; heads: one per query head).
+struct GroupedRouting {
+  int64_t n_groups = 0;                   // G; group ids in [0, G)
+  int64_t route_heads = 1;                // RH, divides s.heads
+  const int32_t* key_group = nullptr;     // [RH, n_kv]: group of key position j under routing head r
+  int kq = 1;                             // group slots per (query row, query head)
+  const int32_t* query_groups = nullptr;  // [n_q, heads, kq]: groups the row reads; -1 marks an unused
+                                          // slot; the used ids of one slot list are distinct
+};
+
+// The pattern. Query row t has position p = s.q_pos0 + t; pair (t, j) is visible for head h iff
+// j <= p and (p - j < s.local_window or j < s.sinks or key_group[r(h)][j] is one of
+// query_groups[t][h][0 .. kq)). s.sliding_window must be 0 and s.local_window >= 1, so every row
+// sees itself. o = softmax of the scaled scores over the visible keys, times v; lse[h, t] = the
+// natural log-sum-exp of the visible scaled scores. GQA: query head h reads kv head
+// h / (heads / kv_heads).
+//
+// Layouts as in every kernel (attn_shape.h): q [n_q, heads, head_dim] rows s.q_stride apart;
+// k, v [n_kv, kv_heads, head_dim] rows s.kv_stride apart; o [n_q, heads, head_dim] rows
+// s.o_stride apart; lse (optional, may be null) [heads, n_q]. Needs q_pos0 + n_q <= n_kv.
+
+// The members of every (routing head, group), in increasing position: what the fast kernel reads
+// instead of scanning key_group. A KV cache keeps one across decoding steps, appending the groups
+// of the new keys (append) and dropping rolled-back ones (truncate).
+struct GroupedKeyIndex {
+  int64_t n_groups = 0, route_heads = 0;
+  int64_t n_keys = 0;                         // positions 0 .. n_keys-1 are indexed
+  std::vector<std::vector<int32_t>> members;  // [RH * G]: member positions of (r, g), increasing
+
+  // Indexes keys 0 .. n_kv-1 of `routing` (its n_groups, route_heads and key_group [RH, n_kv]).
+  void build(const GroupedRouting& routing, int64_t n_kv);
+  // Starts an empty index for G groups and RH routing heads.
+  void reset(int64_t n_groups, int64_t route_heads);
+  // Appends keys n_keys .. n_keys + n_new - 1; key_group_rows is [RH, n_new] (the groups of the
+  // new keys under routing head 0, then under head 1, ...). Throws focus::Error on an id outside
+  // [0, G), leaving the index unchanged.
+  void append(const int32_t* key_group_rows, int64_t n_new);
+  // Keeps keys 0 .. n-1 (n <= n_keys).
+  void truncate(int64_t n);
+  const std::vector<int32_t>& group(int64_t r, int64_t g) const { return members[r * n_groups + g]; }
+};
+
+// The obviously-correct version: every key of a row tested against the pattern, scores and sums
+// in double. Tests only.
+void grouped_attention_reference(const float* q, const float* k, const float* v, float* o, float* lse,
+                                 const AttnShape& s, const GroupedRouting& routing);
+
+// The fast exact kernel, for any q_pos0 (prefill, chunked prefill, decoding). idx must index at
+// least the n_kv keys under routing.key_group (same G and RH); routing.key_group itself is not
+// read. More than 64 (row, head) pairs run in tiles: the window and sinks part
+// (focus_window_attention for self-attention, q_pos0 == 0 and n_q == n_kv; else each row's short
+// list gathered), then, per kv head, the rows reading each group against that group's keys beyond
+// the window packed into key tiles, one partial state per (row, head, slot), merged into the
+// window part in slot order. Fewer pairs (decoding) gather each (row, head)'s visible keys and cut
+// them into fixed slices whose partial states are merged in order, the (row, head, slice) tasks
+// spread over threads (flash-decoding). Either way the result does not depend on the thread
+// count. Throws focus::Error on a bad shape, a query group id outside [-1, G) or listed twice in
+// one slot list, or an index that does not match the routing.
+void grouped_attention(const float* q, const float* k, const float* v, float* o, float* lse, const AttnShape& s,
+                       const GroupedRouting& routing, const GroupedKeyIndex& idx);
+
+// Exact visible (row, key) pairs summed over the query heads (density = count / (heads * causal
+// pairs)), in O(n_kv + n_q * heads * kq) with running per-group counts; reads key_group.
+int64_t grouped_pair_count(const AttnShape& s, const GroupedRouting& routing);
+
+// grouped_attention keeps its key tiles and partial states in buffers of the calling thread that
+// only grow; bytes held, and a trim that frees them when they exceed max_bytes.
+size_t grouped_attention_scratch_bytes();
+void grouped_attention_trim_scratch(size_t max_bytes = 0);
+
+}  // namespace focus::cpu

@@ -1,0 +1,421 @@
+// Grouped (asymmetric) hard Focus attention: the fast kernel against the masked reference over
+// head layouts, routing granularities, slot counts, windows, sinks and lengths; chunks and
+// decoding against one full call; the all-groups routing against dense causal attention; the
+// key index kept incrementally; the pair count against brute force; bad ids.
+//
+// Tolerance: both paths accumulate in float32 (the tiled one with the tile engine's vector exp).
+// A softmax-weighted sum of L values of magnitude O(1) has a relative error of a few ulp (6e-8)
+// times log2 L, under 1e-6 for the lengths here, and the exact lse merges add a few ulp more;
+// 1e-5 relative on o (absolute below magnitude 1) and on lse leaves a factor ~10 of margin.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "core/error.h"
+#include "core/threads.h"
+#include "kernels/cpu/attention.h"
+#include "kernels/cpu/grouped_attention.h"
+
+using focus::cpu::AttnShape;
+using focus::cpu::GroupedKeyIndex;
+using focus::cpu::GroupedRouting;
+
+namespace {
+
+constexpr double kTol = 1e-5;
+
+struct Case {
+  int64_t n = 64, heads = 4, kv_heads = 4, hd = 64, window = 8, sinks = 0, G = 7, RH = 1;
+  int kq = 2;
+  double unused = 0.25;  // probability that a slot is -1
+  uint32_t seed = 1;
+};
+
+struct Problem {
+  AttnShape s;
+  std::vector<float> q, k, v;
+  std::vector<int32_t> key_group, query_groups;
+  GroupedRouting r;
+  GroupedKeyIndex idx;
+};
+
+void make(Problem& P, const Case& c) {
+  AttnShape& s = P.s;
+  s.n_q = s.n_kv = c.n;
+  s.heads = c.heads;
+  s.kv_heads = c.kv_heads;
+  s.head_dim = c.hd;
+  s.q_stride = s.o_stride = c.heads * c.hd;
+  s.kv_stride = c.kv_heads * c.hd;
+  s.scale = 1.f / std::sqrt((float)c.hd);
+  s.local_window = c.window;
+  s.sinks = c.sinks;
+  std::mt19937 rng(c.seed);
+  std::normal_distribution<float> nd(0.f, 1.f);
+  P.q.resize(std::max<int64_t>(1, c.n * s.q_stride));
+  P.k.resize(std::max<int64_t>(1, c.n * s.kv_stride));
+  P.v.resize(std::max<int64_t>(1, c.n * s.kv_stride));
+  for (auto& x : P.q) x = nd(rng);
+  for (auto& x : P.k) x = nd(rng);
+  for (auto& x : P.v) x = nd(rng);
+  P.key_group.resize(std::max<int64_t>(1, c.RH * c.n));
+  for (auto& g : P.key_group) g = (int32_t)(rng() % c.G);
+  P.query_groups.assign(std::max<int64_t>(1, c.n * c.heads * c.kq), -1);
+  std::vector<int32_t> perm(c.G);
+  std::uniform_real_distribution<double> u(0, 1);
+  for (int64_t x = 0; x < c.n * c.heads; ++x) {
+    std::iota(perm.begin(), perm.end(), 0);
+    std::shuffle(perm.begin(), perm.end(), rng);
+    for (int slot = 0; slot < c.kq; ++slot)
+      if (u(rng) >= c.unused) P.query_groups[x * c.kq + slot] = perm[slot];
+  }
+  P.r = GroupedRouting{c.G, c.RH, P.key_group.data(), c.kq, P.query_groups.data()};
+  P.idx.build(P.r, c.n);
+}
+
+struct Out {
+  std::vector<float> o, lse;
+};
+
+Out run_ref(const Problem& P) {
+  Out r{std::vector<float>(std::max<int64_t>(1, P.s.n_q * P.s.o_stride)),
+        std::vector<float>(std::max<int64_t>(1, P.s.heads * P.s.n_q))};
+  focus::cpu::grouped_attention_reference(P.q.data(), P.k.data(), P.v.data(), r.o.data(), r.lse.data(), P.s, P.r);
+  return r;
+}
+
+Out run_fast(const Problem& P) {
+  Out r{std::vector<float>(std::max<int64_t>(1, P.s.n_q * P.s.o_stride), NAN),
+        std::vector<float>(std::max<int64_t>(1, P.s.heads * P.s.n_q), NAN)};
+  focus::cpu::grouped_attention(P.q.data(), P.k.data(), P.v.data(), r.o.data(), r.lse.data(), P.s, P.r, P.idx);
+  return r;
+}
+
+// Largest |a - b| / max(1, |b|) over rows [t0, t0 + rows) of a and rows [u0, ..) of b (outputs
+// [n, heads * hd], lse [heads, n] with the given row counts).
+double rel_err(const Out& a, int64_t na, int64_t t0, const Out& b, int64_t nb, int64_t u0, int64_t rows,
+               int64_t heads, int64_t hd) {
+  double e = 0;
+  auto upd = [&](double x, double y) {
+    e = std::max(e, std::isfinite(x) ? std::fabs(x - y) / std::max(1.0, std::fabs(y)) : INFINITY);
+  };
+  for (int64_t t = 0; t < rows; ++t) {
+    for (int64_t x = 0; x < heads * hd; ++x) upd(a.o[(t0 + t) * heads * hd + x], b.o[(u0 + t) * heads * hd + x]);
+    for (int64_t h = 0; h < heads; ++h) upd(a.lse[h * na + t0 + t], b.lse[h * nb + u0 + t]);
+  }
+  return e;
+}
+double rel_err(const Out& a, const Out& b, const AttnShape& s) {
+  return rel_err(a, s.n_q, 0, b, s.n_q, 0, s.n_q, s.heads, s.head_dim);
+}
+
+std::string describe(const Case& c) {
+  return "n " + std::to_string(c.n) + " heads " + std::to_string(c.heads) + "/" + std::to_string(c.kv_heads) +
+         " hd " + std::to_string(c.hd) + " w " + std::to_string(c.window) + " S " + std::to_string(c.sinks) + " RH " +
+         std::to_string(c.RH) + " kq " + std::to_string(c.kq);
+}
+
+void check_case(const Case& c) {
+  Problem P;
+  make(P, c);
+  EXPECT_LE(rel_err(run_fast(P), run_ref(P), P.s), kTol) << describe(c);
+}
+
+// Restores the thread count a test changes.
+struct ThreadGuard {
+  int saved = focus::num_threads();
+  ~ThreadGuard() { focus::set_threads(saved); }
+};
+
+}  // namespace
+
+TEST(GroupedAttention, MatchesReferenceAcrossHeadLayouts) {
+  const int64_t layouts[3][2] = {{4, 4}, {6, 2}, {4, 1}};  // MHA, GQA, MQA
+  const int64_t lengths[4] = {1, 63, 200, 333};
+  const int64_t windows[3] = {1, 8, 70};
+  const int kqs[3] = {1, 2, 4};
+  int i = 0;
+  for (const auto& hl : layouts)
+    for (int64_t RH : {int64_t{1}, hl[1], hl[0]})
+      for (int64_t n : lengths) {
+        Case c;
+        c.n = n;
+        c.heads = hl[0];
+        c.kv_heads = hl[1];
+        c.RH = RH;
+        c.window = windows[i % 3];
+        c.sinks = (i / 3) % 2 ? 2 : 0;
+        c.kq = kqs[(i / 2) % 3];
+        c.hd = i % 4 == 3 ? 40 : 64;  // a head_dim that is not a whole number of vectors
+        c.seed = 100 + i++;
+        check_case(c);
+      }
+}
+
+TEST(GroupedAttention, MatchesReferenceAcrossWindowsSinksSlots) {
+  int i = 0;
+  for (int64_t window : {1, 8, 70})
+    for (int64_t sinks : {0, 2})
+      for (int kq : {1, 2, 4}) {
+        Case c;
+        c.n = 200;
+        c.heads = 6;
+        c.kv_heads = 2;
+        c.RH = 2;
+        c.window = window;
+        c.sinks = sinks;
+        c.kq = kq;
+        c.seed = 300 + i++;
+        check_case(c);
+      }
+}
+
+TEST(GroupedAttention, NoSlotsIsWindowAndSinks) {
+  Case c;
+  c.n = 150;
+  c.window = 16;
+  c.sinks = 3;
+  c.unused = 1.0;  // every slot -1
+  check_case(c);
+}
+
+TEST(GroupedAttention, EveryGroupIsDenseCausal) {
+  for (int64_t n : {64, 257}) {
+    Case c;
+    c.n = n;
+    c.heads = 6;
+    c.kv_heads = 2;
+    c.G = 5;
+    c.kq = 5;
+    c.unused = 0.0;
+    c.RH = 3;
+    c.window = 4;
+    c.seed = (uint32_t)n;
+    Problem P;
+    make(P, c);
+    Out dense{std::vector<float>(n * P.s.o_stride), std::vector<float>(P.s.heads * n)};
+    focus::cpu::flash_attention(P.q.data(), P.k.data(), P.v.data(), dense.o.data(), dense.lse.data(), P.s);
+    Out ref = dense;
+    focus::cpu::attention_reference(P.q.data(), P.k.data(), P.v.data(), ref.o.data(), ref.lse.data(), P.s);
+    const Out got = run_fast(P);
+    EXPECT_LE(rel_err(got, dense, P.s), kTol) << n;
+    EXPECT_LE(rel_err(got, ref, P.s), kTol) << n;
+    // The last row alone (decoding path) as well.
+    Problem D = P;
+    D.s.q_pos0 = n - 1;
+    D.s.n_q = 1;
+    D.r.query_groups = P.query_groups.data() + (n - 1) * c.heads * c.kq;
+    Out one{std::vector<float>(P.s.o_stride), std::vector<float>(P.s.heads)};
+    focus::cpu::grouped_attention(P.q.data() + (n - 1) * P.s.q_stride, P.k.data(), P.v.data(), one.o.data(),
+                                  one.lse.data(), D.s, D.r, P.idx);
+    EXPECT_LE(rel_err(one, 1, 0, ref, n, n - 1, 1, c.heads, c.hd), kTol) << n;
+  }
+}
+
+// Rows [t0, n) of a sequence against its full cache equal the same rows of one full call.
+TEST(GroupedAttention, ChunksMatchOneCall) {
+  Case c;
+  c.n = 300;
+  c.heads = 6;
+  c.kv_heads = 2;
+  c.RH = 6;
+  c.kq = 2;
+  c.window = 20;
+  c.sinks = 2;
+  Problem P;
+  make(P, c);
+  const Out full = run_fast(P);
+  EXPECT_LE(rel_err(full, run_ref(P), P.s), kTol);
+  for (int64_t rows : {5, 100}) {  // 5 rows: one task per (row, head, slice); 100: one per (row, head)
+    const int64_t t0 = c.n - rows;
+    AttnShape s = P.s;
+    s.q_pos0 = t0;
+    s.n_q = rows;
+    GroupedRouting r = P.r;
+    r.query_groups = P.query_groups.data() + t0 * c.heads * c.kq;
+    Out part{std::vector<float>(rows * s.o_stride), std::vector<float>(s.heads * rows)};
+    focus::cpu::grouped_attention(P.q.data() + t0 * s.q_stride, P.k.data(), P.v.data(), part.o.data(),
+                                  part.lse.data(), s, r, P.idx);
+    EXPECT_LE(rel_err(part, rows, 0, full, c.n, t0, rows, c.heads, c.hd), kTol) << rows;
+  }
+}
+
+// One row over a long cache: the same bits with 1 and 2 threads, and the reference's values.
+TEST(GroupedAttention, DecodingIndependentOfThreads) {
+  ThreadGuard guard;
+  Case c;
+  c.n = 3000;
+  c.heads = 6;
+  c.kv_heads = 2;
+  c.RH = 2;
+  c.kq = 4;
+  c.G = 16;
+  c.unused = 0.0;
+  c.window = 70;
+  c.sinks = 2;
+  Problem P;
+  make(P, c);
+  for (int64_t pos : {int64_t{2999}, int64_t{1500}}) {
+    AttnShape s = P.s;
+    s.q_pos0 = pos;
+    s.n_q = 1;
+    s.n_kv = pos + 1;
+    GroupedRouting r = P.r;
+    r.query_groups = P.query_groups.data() + pos * c.heads * c.kq;
+    Out a[2];
+    for (int th : {1, 2}) {
+      focus::set_threads(th);
+      Out& x = a[th - 1];
+      x = {std::vector<float>(s.o_stride), std::vector<float>(s.heads)};
+      focus::cpu::grouped_attention(P.q.data() + pos * s.q_stride, P.k.data(), P.v.data(), x.o.data(),
+                                    x.lse.data(), s, r, P.idx);
+    }
+    EXPECT_EQ(a[0].o, a[1].o) << pos;
+    EXPECT_EQ(a[0].lse, a[1].lse) << pos;
+    // The reference reads key_group rows n_kv apart: the full cache's routing, cut to pos + 1 keys.
+    std::vector<int32_t> kg;
+    for (int64_t rh = 0; rh < c.RH; ++rh)
+      kg.insert(kg.end(), P.key_group.begin() + rh * c.n, P.key_group.begin() + rh * c.n + pos + 1);
+    r.key_group = kg.data();
+    Out ref{std::vector<float>(s.o_stride), std::vector<float>(s.heads)};
+    focus::cpu::grouped_attention_reference(P.q.data() + pos * s.q_stride, P.k.data(), P.v.data(), ref.o.data(),
+                                            ref.lse.data(), s, r);
+    EXPECT_LE(rel_err(a[0], ref, s), kTol) << pos;
+  }
+}
+
+TEST(GroupedAttention, SelfAttentionIndependentOfThreads) {
+  ThreadGuard guard;
+  Case c;
+  c.n = 333;
+  c.heads = 6;
+  c.kv_heads = 2;
+  c.RH = 6;
+  c.kq = 4;
+  c.window = 8;
+  c.sinks = 2;
+  Problem P;
+  make(P, c);
+  focus::set_threads(1);
+  const Out a = run_fast(P);
+  focus::set_threads(2);
+  const Out b = run_fast(P);
+  EXPECT_EQ(a.o, b.o);
+  EXPECT_EQ(a.lse, b.lse);
+}
+
+TEST(GroupedKeyIndex, AppendAndTruncateMatchBuild) {
+  Case c;
+  c.n = 500;
+  c.RH = 3;
+  c.heads = 6;
+  c.kv_heads = 3;
+  Problem P;
+  make(P, c);
+  GroupedKeyIndex inc;
+  inc.reset(c.G, c.RH);
+  std::vector<int32_t> rows;
+  for (int64_t j0 = 0; j0 < c.n;) {
+    const int64_t m = std::min<int64_t>(c.n - j0, j0 < 300 ? 37 : 1);  // chunks, then one key at a time
+    rows.clear();
+    for (int64_t rh = 0; rh < c.RH; ++rh)
+      rows.insert(rows.end(), P.key_group.begin() + rh * c.n + j0, P.key_group.begin() + rh * c.n + j0 + m);
+    inc.append(rows.data(), m);
+    j0 += m;
+  }
+  EXPECT_EQ(inc.n_keys, c.n);
+  EXPECT_EQ(inc.members, P.idx.members);
+  // Rolled back to 250 keys and refilled: the same index again.
+  inc.truncate(250);
+  EXPECT_EQ(inc.n_keys, 250);
+  for (const auto& m : inc.members) EXPECT_TRUE(m.empty() || m.back() < 250);
+  rows.clear();
+  for (int64_t rh = 0; rh < c.RH; ++rh)
+    rows.insert(rows.end(), P.key_group.begin() + rh * c.n + 250, P.key_group.begin() + rh * c.n + c.n);
+  inc.append(rows.data(), c.n - 250);
+  EXPECT_EQ(inc.members, P.idx.members);
+}
+
+TEST(GroupedPairCount, MatchesBruteForce) {
+  int i = 0;
+  for (int64_t q_pos0 : {0, 37})
+    for (int64_t window : {1, 8, 70})
+      for (int kq : {1, 3}) {
+        Case c;
+        c.n = 211;
+        c.heads = 6;
+        c.kv_heads = 2;
+        c.RH = i % 2 ? 6 : 2;
+        c.window = window;
+        c.sinks = 2;
+        c.kq = kq;
+        c.seed = 700 + i++;
+        Problem P;
+        make(P, c);
+        AttnShape s = P.s;
+        s.q_pos0 = q_pos0;
+        s.n_q = c.n - q_pos0;
+        int64_t brute = 0;
+        for (int64_t t = 0; t < s.n_q; ++t)
+          for (int64_t h = 0; h < c.heads; ++h) {
+            const int64_t p = q_pos0 + t, rh = h / (c.heads / c.RH);
+            const int32_t* gs = P.query_groups.data() + (t * c.heads + h) * c.kq;
+            for (int64_t j = 0; j <= p; ++j) {
+              const int32_t g = P.key_group[rh * c.n + j];
+              brute += p - j < window || j < s.sinks || std::find(gs, gs + c.kq, g) != gs + c.kq;
+            }
+          }
+        EXPECT_EQ(focus::cpu::grouped_pair_count(s, P.r), brute) << describe(c) << " q_pos0 " << q_pos0;
+      }
+}
+
+TEST(GroupedAttention, BadIdsThrow) {
+  Case c;
+  c.n = 50;
+  Problem P;
+  make(P, c);
+  Out o = run_ref(P);
+  auto fast = [&](const GroupedRouting& r, const GroupedKeyIndex& idx) {
+    focus::cpu::grouped_attention(P.q.data(), P.k.data(), P.v.data(), o.o.data(), o.lse.data(), P.s, r, idx);
+  };
+  // Key side: an id of G or -1 is refused by the index, which stays as it was.
+  GroupedKeyIndex idx = P.idx;
+  const int32_t bad_hi = (int32_t)c.G, bad_lo = -1;
+  EXPECT_THROW(idx.append(&bad_hi, 1), focus::Error);
+  EXPECT_THROW(idx.append(&bad_lo, 1), focus::Error);
+  EXPECT_EQ(idx.members, P.idx.members);
+  EXPECT_EQ(idx.n_keys, c.n);
+  std::vector<int32_t> kg = P.key_group;
+  kg[17] = (int32_t)c.G;
+  GroupedRouting r = P.r;
+  r.key_group = kg.data();
+  EXPECT_THROW(idx.build(r, c.n), focus::Error);
+  EXPECT_THROW(focus::cpu::grouped_pair_count(P.s, r), focus::Error);
+  // Query side: an id of G, below -1, or listed twice.
+  for (int32_t bad : {(int32_t)c.G, int32_t{-2}}) {
+    std::vector<int32_t> qg = P.query_groups;
+    qg[5] = bad;
+    r = P.r;
+    r.query_groups = qg.data();
+    EXPECT_THROW(fast(r, P.idx), focus::Error) << bad;
+  }
+  std::vector<int32_t> qg = P.query_groups;
+  qg[2 * c.kq] = 3;
+  qg[2 * c.kq + 1] = 3;
+  r = P.r;
+  r.query_groups = qg.data();
+  EXPECT_THROW(fast(r, P.idx), focus::Error);
+  // An index of another routing, or too short.
+  GroupedKeyIndex other;
+  other.reset(c.G + 1, c.RH);
+  EXPECT_THROW(fast(P.r, other), focus::Error);
+  idx = P.idx;
+  idx.truncate(c.n - 1);
+  EXPECT_THROW(fast(P.r, idx), focus::Error);
+  EXPECT_THROW(idx.truncate(c.n), focus::Error);
+}

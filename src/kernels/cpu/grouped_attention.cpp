@@ -163,45 +163,48 @@ struct RowLists {
   std::vector<int64_t> off;  // [hpk * G + 1]
   std::vector<RowRef> rows;
   std::vector<Item> items;
+  std::vector<int32_t> cuts;  // [hpk, n_q, kq] keys seen per slot (0: none or unused)
+  std::vector<int64_t> cur;
 
-  void build(const AttnShape& s, const GroupedRouting& r, const GroupedKeyIndex& idx,
-             const std::vector<PackedKeys>& packed, int64_t kvh, int64_t r_first) {
+  void build(const AttnShape& s, const GroupedRouting& r, const std::vector<PackedKeys>& packed, int64_t kvh,
+             int64_t r_first) {
     const int64_t hpk = s.heads / s.kv_heads, G = r.n_groups, w = s.local_window;
     off.assign(hpk * G + 1, 0);
-    auto cut_of = [&](int64_t h, int64_t t, int32_t g) -> int64_t {
-      const int64_t rh = route_of(s, r, h);
-      const auto& m = idx.group(rh, g);
+    // A list's rows come in increasing position, so its cut only moves forward: one pointer per
+    // list walks the group's members once (no search per row).
+    cuts.resize(hpk * s.n_q * r.kq);
+    cur.assign(hpk * G, 0);
+    for (int64_t hl = 0; hl < hpk; ++hl) {
+      const int64_t h = kvh * hpk + hl, rh = route_of(s, r, h);
       const PackedKeys& P = packed[rh - r_first];
-      const int64_t lim = s.q_pos0 + t - w;  // beyond the window: positions <= lim
-      if (lim < s.sinks) return 0;
-      return std::upper_bound(m.begin() + P.a0[g], m.end(), (int32_t)lim) - m.begin() - P.a0[g];
-    };
-    // Two passes (count, then place) keep each list in row order without sorting.
-    rows.clear();
-    for (int pass = 0; pass < 2; ++pass) {
-      std::vector<int64_t> fill;
-      if (pass == 1) {
-        for (int64_t x = 0; x < hpk * G; ++x) off[x + 1] += off[x];
-        rows.resize(off.back());
-        fill.assign(off.begin(), off.end() - 1);
-      }
-      for (int64_t hl = 0; hl < hpk; ++hl) {
-        const int64_t h = kvh * hpk + hl;
-        for (int64_t t = 0; t < s.n_q; ++t) {
-          const int32_t* gs = r.query_groups + (t * s.heads + h) * r.kq;
-          for (int c = 0; c < r.kq; ++c) {
-            if (gs[c] < 0) continue;
-            const int64_t cut = cut_of(h, t, gs[c]);
-            if (cut == 0) continue;
-            const int64_t list = hl * G + gs[c];
-            if (pass == 0)
-              ++off[list + 1];
-            else
-              rows[fill[list]++] = RowRef{(int32_t)t, (int32_t)cut, c};
-          }
+      for (int64_t t = 0; t < s.n_q; ++t) {
+        const int32_t* gs = r.query_groups + (t * s.heads + h) * r.kq;
+        const int64_t lim = s.q_pos0 + t - w;  // beyond the window: positions <= lim
+        for (int c = 0; c < r.kq; ++c) {
+          int32_t& cut = cuts[(hl * s.n_q + t) * r.kq + c];
+          cut = 0;
+          if (gs[c] < 0) continue;
+          const int64_t list = hl * G + gs[c], end = (P.tile_off[gs[c] + 1] - P.tile_off[gs[c]]) * kBk;
+          const int32_t* pos = P.slot_pos.data() + P.tile_off[gs[c]] * kBk;  // -1 past the members
+          int64_t a = cur[list];
+          while (a < end && pos[a] >= 0 && pos[a] <= lim) ++a;
+          cur[list] = a;
+          cut = (int32_t)a;
+          if (cut > 0) ++off[list + 1];
         }
       }
     }
+    for (int64_t x = 0; x < hpk * G; ++x) off[x + 1] += off[x];
+    rows.resize(off.back());
+    cur.assign(off.begin(), off.end() - 1);
+    for (int64_t hl = 0; hl < hpk; ++hl)
+      for (int64_t t = 0; t < s.n_q; ++t) {
+        const int32_t* gs = r.query_groups + (t * s.heads + kvh * hpk + hl) * r.kq;
+        for (int c = 0; c < r.kq; ++c) {
+          const int32_t cut = cuts[(hl * s.n_q + t) * r.kq + c];
+          if (cut > 0) rows[cur[hl * G + gs[c]]++] = RowRef{(int32_t)t, cut, c};
+        }
+      }
     items.clear();
     for (int64_t hl = 0; hl < hpk; ++hl)
       for (int64_t g = 0; g < G; ++g) {
@@ -291,7 +294,7 @@ void tiled_attention(const float* q, const float* k, const float* v, float* o, f
         sc.packed[rh - r_first].build(idx, rh, s.sinks, last, hdp);
         tiles += sc.packed[rh - r_first].n_tiles;
       }
-      L.build(s, r, idx, sc.packed, kvh, r_first);
+      L.build(s, r, sc.packed, kvh, r_first);
       std::fill(sl, sl + n * hpk * kq, kNegInf);
       std::vector<PackedKeys>& packed = sc.packed;
 #pragma omp parallel

@@ -48,7 +48,7 @@ class SelfOnlyAttention final : public AttentionPolicy {
 
 // The one line that makes the variant available by name.
 const bool registered = register_attention_policy(
-    "test-self-only", [](const ModelConfig&, int64_t) { return std::make_shared<SelfOnlyAttention>(); });
+    "test-self-only", [](const ModelConfig&, int64_t, const AttentionOptions&) { return std::make_shared<SelfOnlyAttention>(); });
 
 std::vector<int32_t> some_ids(int64_t n, int64_t vocab) {
   std::vector<int32_t> ids(n);
@@ -83,7 +83,7 @@ TEST(AttentionPolicy, RegisteredVariantIsListedAndPlannedOnEveryGlobalLayer) {
   EXPECT_EQ(plan.at(3).name(), "dense");
   EXPECT_EQ(make_attention_plan(c, "dense").at(0).name(), "dense");
   EXPECT_THROW(make_attention_plan(c, "no-such-policy"), Error);
-  EXPECT_THROW(register_attention_policy("test-self-only", [](const ModelConfig&, int64_t) {
+  EXPECT_THROW(register_attention_policy("test-self-only", [](const ModelConfig&, int64_t, const AttentionOptions&) {
                  return std::make_shared<SelfOnlyAttention>();
                }),
                Error);

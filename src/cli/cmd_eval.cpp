@@ -32,14 +32,14 @@ int run_eval(const EvalFlags& f) {
   o.attention = l.attention();
   install_interrupt_handler();
   const PplResult r = perplexity(m, ids, o);
-  const std::string focus_desc = describe_focus(l.focus.get());
-  const bool sparse = l.focus && (l.focus->settings.mode == FocusMode::Hard || l.focus->settings.mode == FocusMode::Window) &&
-                      r.attention.layers > 0;
-  if (l.focus) {
-    std::printf("focus %s\n", focus_desc.c_str());
+  const std::string focus_desc = l.describe();
+  // Sparse policies report their pairs (soft mode computes every pair and reports none).
+  const bool sparse = r.attention.layers > 0;
+  if (l.attention()) {
+    std::printf("attention %s\n", focus_desc.c_str());
     if (sparse)
-      std::printf("%s pattern: density %.4f of causal pairs, group load max/mean %.2f (worst layer)\n",
-                  to_string(l.focus->settings.mode).c_str(), r.attention.density(), r.attention.load_max_over_mean);
+      std::printf("pattern: density %.4f of causal pairs, group load max/mean %.2f (worst layer)\n",
+                  r.attention.density(), r.attention.load_max_over_mean);
   }
   const double tps = r.processed / std::max(r.seconds, 1e-9);
   std::printf("model %s | ctx %lld | tokens scored %lld in %lld windows | nll %.5f | ppl %.4f | %.1f tok/s%s\n",

@@ -47,9 +47,9 @@ int run_generate(const GenerateFlags& f) {
   std::fprintf(stderr, "[generate] prompt %lld tokens in %.2fs (%.1f tok/s); %lld tokens in %.2fs (%.1f tok/s)\n",
                (long long)r.prompt_tokens, r.prefill_seconds, r.prompt_tokens / std::max(r.prefill_seconds, 1e-9),
                (long long)r.generated, r.decode_seconds, r.generated / std::max(r.decode_seconds, 1e-9));
-  if (l.focus && r.decode_stats.layers > 0)
-    std::fprintf(stderr, "[generate] Focus %s: decoding read %.3f of the causal keys in its Focus layers\n",
-                 to_string(l.focus->settings.mode).c_str(), r.decode_stats.density());
+  if (r.decode_stats.layers > 0)
+    std::fprintf(stderr, "[generate] attention %s: decoding read %.3f of the causal keys in its sparse layers\n",
+                 l.describe().c_str(), r.decode_stats.density());
   if (f.print_ids) {
     std::string s;
     for (size_t i = 0; i < r.tokens.size(); ++i) s += (i ? " " : "") + std::to_string(r.tokens[i]);

@@ -1,4 +1,5 @@
 // focus retrofit: train the Focus routers of a frozen model on text.
+#include <algorithm>
 #include <cstdio>
 #include <iostream>
 #include <nlohmann/json.hpp>
@@ -29,6 +30,7 @@ int run_retrofit_cmd(const RetrofitFlags& f) {
     if (!f.app->count("--learn-tau")) o.focus.learn_tau = s.learn_tau;
   }
   o.balance = parse_balance(f.balance);
+  if (o.objective == "distill" && !f.app->count("--balance")) o.balance = Balance::Swav;
   install_interrupt_handler();
   const RetrofitResult r = run_retrofit(m, o);
   auto row = [](const char* name, double a, double b) { std::printf("  %-28s %10.3f %10.3f\n", name, a, b); };
@@ -38,11 +40,15 @@ int run_retrofit_cmd(const RetrofitFlags& f) {
   std::printf("validation perplexity (%lld tokens)      before      after\n", (long long)r.before.tokens);
   row("pretrained (full attention)", r.before.ppl_pretrained, r.before.ppl_pretrained);
   row("sliding window + sinks only", r.before.ppl_window, r.before.ppl_window);
-  row("Focus soft", r.before.ppl_soft, r.after.ppl_soft);
-  row("Focus hard top-1", r.before.ppl_hard, r.after.ppl_hard);
-  if (r.after.ppl_hard_k2 > 0) row("Focus hard top-2", r.before.ppl_hard_k2, r.after.ppl_hard_k2);
-  std::printf("  hard top-1 density %.3f -> %.3f of causal pairs; group load max/mean %.2f -> %.2f\n",
+  const int k = o.focus.topk, k2 = o.objective == "distill" ? (int)std::min<int64_t>(2 * k, o.focus.groups) : 2;
+  const std::string hk = "Focus hard top-" + std::to_string(k), hk2 = "Focus hard top-" + std::to_string(k2);
+  if (o.objective != "distill") row("Focus soft", r.before.ppl_soft, r.after.ppl_soft);
+  row(hk.c_str(), r.before.ppl_hard, r.after.ppl_hard);
+  if (r.after.ppl_hard_k2 > 0) row(hk2.c_str(), r.before.ppl_hard_k2, r.after.ppl_hard_k2);
+  std::printf("  hard top-%d density %.3f -> %.3f of causal pairs; group load max/mean %.2f -> %.2f\n", k,
               r.before.density_hard, r.after.density_hard, r.before.load_max_over_mean, r.after.load_max_over_mean);
+  if (o.objective == "distill")
+    std::printf("  far attention mass read by the top-%d groups: %.3f -> %.3f\n", k, r.before.captured, r.after.captured);
   std::printf("routers written to %s (focus.json, router.safetensors, metrics.jsonl)\n", o.out.c_str());
   if (f.s.as_json) {
     nlohmann::json j{{"valid_ppl_pretrained", r.before.ppl_pretrained},
@@ -61,6 +67,11 @@ int run_retrofit_cmd(const RetrofitFlags& f) {
                      {"interrupted", r.interrupted},
                      {"out", o.out}};
     if (o.balance == Balance::Swav) j["swav_loss"] = r.swav_loss;
+    if (o.objective == "distill") {
+      j["captured"] = r.after.captured;
+      j["captured_before"] = r.before.captured;
+      j["far_mass"] = r.after.far_mass;
+    }
     std::cout << j.dump() << "\n";
   }
   return r.interrupted ? 130 : 0;
@@ -83,6 +94,13 @@ Command add_retrofit(CLI::App& app) {
   sub->add_flag("--learn-tau", o.focus.learn_tau, "train each router's temperature too");
   sub->add_option("--balance", f->balance, "group balancing: none, swav (Sinkhorn targets), bias (load-driven bias)");
   sub->add_option("--balance-weight", o.balance_weight, "SwAV loss weight or bias rate");
+  sub->add_option("--objective", o.objective,
+                  "lm: the language-model loss through soft attention; distill: asymmetric routers taught the "
+                  "frozen model's attention mass by group (dense forward, SwAV-balanced keys)")
+      ->check(CLI::IsMember({"lm", "distill"}));
+  sub->add_option("--key-weight", o.distill.key_weight, "distill: weight of the key purity term");
+  sub->add_option("--key-capacity", o.focus.key_capacity,
+                  "distill: at inference a group holds at most this times the mean key load");
   sub->add_option("--init", o.init,
                   "start from the routers in this folder (continue training: more text, longer --ctx); "
                   "--groups, --dg, --tau, --learn-tau default to the folder's");

@@ -11,7 +11,11 @@ void FocusFlags::add(CLI::App* app) {
   app_ = app;
   app->add_option("--focus", dir, "router folder (focus.json + router.safetensors), or 'random'");
   app->add_option("--mode", mode, "Focus mode: soft (training form), hard (top-k sparse), window (local window + sinks only) or off");
-  app->add_option("--topk", topk, "hard mode: groups kept per token (1 or 2)");
+  app->add_option("--topk", topk, "hard mode: groups kept per token (symmetric: 1 or 2; asymmetric: groups a query reads)");
+  app->add_option("--routing", routing, "random routers: symmetric (same-group rule) or asymmetric (keys in one group, queries read top-k)");
+  app->add_option("--key-capacity", key_capacity, "asymmetric routing: a group holds at most this times the mean key load");
+  app->add_option("--window-only-below", window_only_below,
+                  "layers whose measured far attention mass (focus.json far_mass) is below this run window + sinks only");
   app->add_option("--window", window, "Focus local window (default 64)");
   app->add_option("--sinks", sinks, "sink tokens visible to all (default 1)");
   app->add_option("--groups", groups, "groups G for a random router");
@@ -22,10 +26,11 @@ void FocusFlags::add(CLI::App* app) {
 
 void FocusFlags::check() const {
   if (dir.empty()) {
-    for (const char* f : {"--mode", "--topk", "--window", "--sinks", "--groups", "--dg", "--tau", "--router-seed"})
+    for (const char* f : {"--mode", "--topk", "--window", "--sinks", "--groups", "--dg", "--tau", "--router-seed",
+                          "--routing", "--key-capacity", "--window-only-below"})
       FOCUS_CHECK(!given(f), f, " needs --focus DIR (or --focus random)");
   } else if (dir != "random") {
-    for (const char* f : {"--groups", "--dg", "--tau", "--router-seed"})
+    for (const char* f : {"--groups", "--dg", "--tau", "--router-seed", "--routing"})
       FOCUS_CHECK(!given(f), f, " applies only to --focus random (the routers in ", dir, " fix it)");
   }
 }
@@ -39,6 +44,9 @@ std::unique_ptr<FocusRouters> FocusFlags::make(const Model& m) const {
     s.groups = groups;
     s.dg = dg;
     s.tau = tau;
+    FOCUS_CHECK(routing.empty() || routing == "symmetric" || routing == "asymmetric",
+                "--routing must be symmetric or asymmetric, got '", routing, "'");
+    s.asymmetric = routing == "asymmetric";
     if (window >= 0) s.local_window = window;
     if (sinks >= 0) s.sinks = sinks;
     if (topk) s.topk = topk;
@@ -50,16 +58,21 @@ std::unique_ptr<FocusRouters> FocusFlags::make(const Model& m) const {
     if (topk) f->settings.topk = topk;
   }
   if (!mode.empty()) f->settings.mode = parse_focus_mode(mode);
+  if (key_capacity >= 0) f->settings.key_capacity = key_capacity;
+  if (window_only_below >= 0) f->settings.window_only_below = window_only_below;
   FOCUS_CHECK(f->settings.local_window >= 1, "--window must be >= 1");
-  FOCUS_CHECK(f->settings.topk >= 1 && f->settings.topk <= 2 && f->settings.topk <= f->settings.groups,
-              "--topk must be 1 or 2 (and at most the number of groups)");
+  FOCUS_CHECK(f->settings.topk >= 1 && (f->settings.asymmetric || f->settings.topk <= 2) &&
+                  f->settings.topk <= f->settings.groups,
+              "--topk must be 1 or 2 with symmetric routing, at least 1 with asymmetric (and at most the number of groups)");
+  FOCUS_CHECK(!f->settings.asymmetric || f->settings.key_capacity >= 1.f, "--key-capacity must be >= 1");
+  FOCUS_CHECK(f->settings.window_only_below <= 1.f, "--window-only-below must be in [0, 1]");
   return f;
 }
 
 std::string describe_focus(const FocusRouters* f) {
   if (!f) return "off";
   const FocusSettings& s = f->settings;
-  return to_string(s.mode) + " (window " + std::to_string(s.local_window) + ", sinks " + std::to_string(s.sinks) +
+  return to_string(s.mode) + (s.asymmetric ? " asymmetric" : "") + " (window " + std::to_string(s.local_window) + ", sinks " + std::to_string(s.sinks) +
          ", groups " + std::to_string(s.groups) + ", d_g " + std::to_string(s.dg) +
          (s.mode == FocusMode::Hard ? ", top-" + std::to_string(s.topk) : "") + ", " +
          std::to_string(f->routers.size()) + " routers)";
@@ -80,7 +93,24 @@ void ModelSetup::add_lora(CLI::App* app) {
 void ModelSetup::add_json(CLI::App* app, const std::string& help) { app->add_flag("--json", as_json, help); }
 
 void ModelSetup::check() const {
-  if (uses_focus_) focus.check();
+  if (!uses_focus_) return;
+  focus.check();
+  FOCUS_CHECK(attention.empty() || focus.dir.empty(), "--attention and --focus exclude each other (--focus DIR is "
+              "the Focus policy with trained routers)");
+}
+
+void ModelSetup::add_focus(CLI::App* app) {
+  focus.add(app);
+  uses_focus_ = true;
+  std::string names;
+  for (const auto& n : registered_attention_policies()) names += (names.empty() ? "" : ", ") + n;
+  app->add_option("--attention", attention,
+                  "attention policy without routers, NAME or NAME:key=value,... (registered: " + names + ")");
+}
+
+std::string Loaded::describe() const {
+  if (focus) return describe_focus(focus.get());
+  return attention_spec.empty() ? "off" : attention_spec;
 }
 
 Loaded ModelSetup::load() const {
@@ -95,6 +125,10 @@ Loaded ModelSetup::load() const {
   }
   if (uses_focus_) l.focus = focus.make(*l.model);
   if (l.focus) l.plan = focus_plan(l.model->cfg, *l.focus);
+  if (!attention.empty()) {
+    l.attention_spec = attention;
+    l.plan = make_attention_plan(l.model->cfg, attention);
+  }
   return l;
 }
 

@@ -24,9 +24,11 @@ struct Command {
 struct FocusFlags {
   std::string dir;   // router folder, or "random"
   std::string mode;  // soft | hard | window | off (default: the folder's, or soft)
+  std::string routing;  // random routers: symmetric | asymmetric
   int64_t window = -1, sinks = -1, groups = 16, dg = 16;
   int topk = 0;
   float tau = 0.1f;
+  float key_capacity = -1.f, window_only_below = -1.f;
   uint64_t seed = 1;
   void add(CLI::App* app);
   // Error naming the flag when a router flag is given without --focus, or a flag of random
@@ -47,9 +49,12 @@ std::string describe_focus(const FocusRouters* f);
 struct Loaded {
   std::unique_ptr<Model> model;
   std::unique_ptr<FocusRouters> focus;
-  AttentionPlan plan;  // focus_plan of the routers (empty without them)
-  // The per-layer attention to run: the routers' plan, or null (the model's own).
-  const AttentionPlan* attention() const { return focus ? &plan : nullptr; }
+  std::string attention_spec;  // --attention SPEC (a registered policy), or empty
+  AttentionPlan plan;  // focus_plan of the routers, or the --attention plan (empty without either)
+  // The per-layer attention to run: the routers' or --attention's plan, or null (the model's own).
+  const AttentionPlan* attention() const { return focus || !attention_spec.empty() ? &plan : nullptr; }
+  // What runs: the routers (describe_focus), the --attention spec, or "off".
+  std::string describe() const;
 };
 
 // What the model-running subcommands share. add_* register the flags; load() checks them (before
@@ -58,11 +63,13 @@ struct Loaded {
 struct ModelSetup {
   std::string model, tokenizer, lora;
   FocusFlags focus;
+  std::string attention;  // --attention SPEC (registered with add_focus)
   bool as_json = false;
   // --model MODEL (required or not), or with `positional` a MODEL argument; and --tokenizer.
   void add_model(CLI::App* app, bool required = true, bool positional = false);
   void add_lora(CLI::App* app);
-  void add_focus(CLI::App* app) { focus.add(app); uses_focus_ = true; }
+  // --focus and the router flags, and --attention SPEC.
+  void add_focus(CLI::App* app);
   void add_json(CLI::App* app, const std::string& help = "last stdout line is a JSON object");
   void check() const;
   Loaded load() const;

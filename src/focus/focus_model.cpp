@@ -43,8 +43,13 @@ void check_settings(const FocusSettings& s, const ModelConfig& c, const std::str
   FOCUS_CHECK(s.sinks >= 0, where, ": sinks must be >= 0");
   FOCUS_CHECK(s.groups >= 1 && s.groups <= 4096, where, ": groups must be in [1, 4096] (got ", s.groups, ")");
   FOCUS_CHECK(s.dg >= 1 && s.dg <= c.dim, where, ": d_g must be in [1, ", c.dim, "] (got ", s.dg, ")");
-  FOCUS_CHECK(s.topk == 1 || s.topk == 2, where, ": top-k must be 1 or 2 (got ", s.topk, ")");
+  FOCUS_CHECK(s.topk >= 1 && (s.asymmetric || s.topk <= 2), where, ": top-k must be ",
+              s.asymmetric ? "at least 1" : "1 or 2 (symmetric routing)", " (got ", s.topk, ")");
   FOCUS_CHECK(s.topk <= s.groups, where, ": top-k exceeds the number of groups");
+  FOCUS_CHECK(!s.asymmetric || (s.key_capacity >= 1.f && std::isfinite(s.key_capacity)), where,
+              ": key_capacity must be >= 1 (got ", s.key_capacity, ")");
+  FOCUS_CHECK(s.window_only_below >= 0.f && s.window_only_below <= 1.f, where,
+              ": window_only_below must be in [0, 1] (got ", s.window_only_below, ")");
   FOCUS_CHECK(s.tau > 0 && std::isfinite(s.tau), where, ": temperature must be positive");
 }
 }  // namespace
@@ -58,6 +63,7 @@ RouterConfig router_config(const ModelConfig& c, const FocusSettings& s) {
   rc.groups = s.groups;
   rc.tau = s.tau;
   rc.learn_tau = s.learn_tau;
+  rc.key_proj = s.asymmetric;
   return rc;
 }
 }  // namespace
@@ -91,6 +97,7 @@ void save_focus(const FocusRouters& f, const std::string& dir, const ModelConfig
     t[p + "centroids"] = {{G, dg}, std::vector<float>(r.centroids(), r.centroids() + G * dg)};
     t[p + "bias"] = {{G}, r.bias};
     t[p + "log_tau"] = {{1}, {std::log(r.tau())}};
+    if (r.cfg.key_proj) t[p + "w_k"] = {{dg, D}, std::vector<float>(r.w_k(), r.w_k() + dg * D)};
     layers.push_back(l);
   }
   io::save_safetensors((fs::path(dir) / "router.safetensors").string(), t, {{"format", "focus-router"}});
@@ -109,7 +116,11 @@ void save_focus(const FocusRouters& f, const std::string& dir, const ModelConfig
                       {"learn_tau", s.learn_tau},
                       {"eps", s.eps},
                       {"mode", to_string(s.mode)},
+                      {"routing", s.asymmetric ? "asymmetric" : "symmetric"},
                       {"layers", layers}};
+  if (s.asymmetric) j["key_capacity"] = s.key_capacity;
+  if (!f.far_mass.empty()) j["far_mass"] = f.far_mass;
+  if (s.window_only_below > 0) j["window_only_below"] = s.window_only_below;
   io::write_file_atomic((fs::path(dir) / "focus.json").string(), j.dump(2) + "\n");
 }
 
@@ -143,6 +154,12 @@ FocusConfigFile read_focus_config(const std::string& dir, const ModelConfig& c) 
     s.eps = j.value("eps", 1e-6f);
     s.learn_tau = j.value("learn_tau", false);
     s.mode = parse_focus_mode(j.value("mode", std::string("soft")));
+    const std::string routing = j.value("routing", std::string("symmetric"));
+    FOCUS_CHECK(routing == "symmetric" || routing == "asymmetric", jp, ": unknown routing '", routing,
+                "' (expected symmetric or asymmetric)");
+    s.asymmetric = routing == "asymmetric";
+    s.key_capacity = j.value("key_capacity", 1.5f);
+    s.window_only_below = j.value("window_only_below", 0.f);
     FOCUS_CHECK(j.at("model_dim").get<int64_t>() == c.dim && j.at("model_layers").get<int64_t>() == c.layers, jp,
                 ": routers were made for a model with dim ", j.at("model_dim"), " and ", j.at("model_layers"),
                 " layers; this model has dim ", c.dim, " and ", c.layers, " layers");
@@ -192,11 +209,25 @@ FocusRouters load_focus(const std::string& dir, const ModelConfig& c) {
     auto cc = take("centroids", {s.groups, s.dg});
     std::copy(wr.begin(), wr.end(), r.w_r());
     std::copy(cc.begin(), cc.end(), r.centroids());
+    if (s.asymmetric) {
+      auto wk = take("w_k", {s.dg, c.dim});
+      std::copy(wk.begin(), wk.end(), r.w_k());
+    }
     r.bias = take("bias", {s.groups});
     auto lt = take("log_tau", {1});
     if (s.learn_tau) r.params[r.log_tau_offset()] = lt[0];
     f.router_of_layer[l] = (int64_t)f.routers.size();
     f.routers.push_back(std::move(r));
+  }
+  if (j.contains("far_mass")) {
+    try {
+      f.far_mass = j["far_mass"].get<std::vector<float>>();
+    } catch (const nlohmann::json::exception& e) {
+      fail(jp, ": 'far_mass' must be an array of numbers: ", e.what());
+    }
+    FOCUS_CHECK(f.far_mass.size() == f.routers.size(), jp, ": 'far_mass' has ", f.far_mass.size(),
+                " entries for ", f.routers.size(), " routers");
+    for (float x : f.far_mass) FOCUS_CHECK(std::isfinite(x) && x >= 0 && x <= 1.001f, jp, ": far_mass ", x, " is not in [0, 1]");
   }
   return f;
 }

@@ -26,13 +26,29 @@ struct FocusSettings {
   float tau = 0.1f;        // router temperature (the initial value when learned)
   bool learn_tau = false;  // train each router's temperature (log tau) with its other parameters
   float eps = 1e-6f;       // soft mode: bias = log(sum_g p_ig p_jg + eps)
+  // Asymmetric routing (focus.json "routing": "asymmetric"): each key belongs to one group (its
+  // best group by W_k with room left: at most key_capacity times the mean load of the keys before
+  // it, a causal balance), each query reads its top-k groups by W_r (k in [1, G]). Hard mode only;
+  // trained by distillation (train/retrofit.h). Symmetric routing is the paper's same-group rule.
+  bool asymmetric = false;
+  float key_capacity = 1.5f;
+  // Per-layer choice: a router layer whose measured far attention mass (FocusRouters::far_mass)
+  // is below this runs the window + sinks pattern alone in hard mode (0: every layer routes).
+  float window_only_below = 0.f;
 };
 
 struct FocusRouters {
   FocusSettings settings;
   std::vector<int64_t> router_of_layer;  // per model layer: index into routers, or -1 (no Focus)
   std::vector<RouterParams> routers;
+  // Per router: the frozen model's mean attention mass beyond the local window (measured while
+  // training by distillation; empty when unknown).
+  std::vector<float> far_mass;
   int64_t n_params() const;
+  // Whether router r runs window + sinks alone (settings.window_only_below against far_mass).
+  bool window_only(int64_t r) const {
+    return settings.window_only_below > 0 && r < (int64_t)far_mass.size() && far_mass[r] < settings.window_only_below;
+  }
 };
 
 // Routers for every global attention layer (sliding-window layers are already local), seeded.

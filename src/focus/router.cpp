@@ -72,6 +72,7 @@ RouterParams router_init(const RouterConfig& cfg, uint64_t seed) {
   Rng rng{seed};
   const double wscale = 1.0 / std::sqrt((double)cfg.dim);
   for (int64_t i = 0; i < cfg.d_g * cfg.dim; ++i) rp.params[i] = (float)(rng.normal() * wscale);
+  // W_k is drawn after the centroids (below), so a symmetric router's numbers do not change.
   float* c = rp.centroids();
   for (int64_t g = 0; g < cfg.groups; ++g) {
     double n2 = 0;
@@ -84,17 +85,19 @@ RouterParams router_init(const RouterConfig& cfg, uint64_t seed) {
     for (int64_t a = 0; a < cfg.d_g; ++a) c[g * cfg.d_g + a] = (float)(v[a] * inv);
   }
   if (cfg.learn_tau) rp.params[rp.log_tau_offset()] = std::log(cfg.tau);
+  if (cfg.key_proj)
+    for (int64_t i = 0; i < cfg.d_g * cfg.dim; ++i) rp.params[rp.w_k_offset() + i] = (float)(rng.normal() * wscale);
   return rp;
 }
 
-void router_forward(const RouterParams& rp, const float* x, int64_t n, RouterCache& cache) {
+void router_forward(const RouterParams& rp, const float* x, int64_t n, RouterCache& cache, RouterSide side) {
   check_params(rp);
   FOCUS_CHECK(n >= 0, "router_forward: negative token count ", n);
   FOCUS_CHECK(n == 0 || x, "router_forward: null input");
   const int64_t D = rp.cfg.dim, dg = rp.cfg.d_g, G = rp.cfg.groups;
   const float inv_tau = 1.f / rp.tau();
   FOCUS_CHECK(std::isfinite(inv_tau), "router_forward: temperature overflowed (log_tau out of range)");
-  const float* W = rp.w_r();  // [d_g, D]
+  const float* W = rp.params.data() + rp.proj_offset(side);  // [d_g, D]
   const float* C = rp.centroids();  // [G, d_g]
   const float* b = rp.bias.data();  // [G]
 
@@ -137,7 +140,7 @@ void router_forward(const RouterParams& rp, const float* x, int64_t n, RouterCac
 }
 
 void router_backward(const RouterParams& rp, const float* x, const RouterCache& cache, const float* dp,
-                     const float* ds_in, float* dparams, float* dx) {
+                     const float* ds_in, float* dparams, float* dx, RouterSide side) {
   check_params(rp);
   const int64_t n = cache.n, D = rp.cfg.dim, dg = rp.cfg.d_g, G = rp.cfg.groups;
   FOCUS_CHECK((int64_t)cache.s.size() == n * G && (int64_t)cache.r_hat.size() == n * dg,
@@ -145,8 +148,8 @@ void router_backward(const RouterParams& rp, const float* x, const RouterCache& 
   FOCUS_CHECK(dparams, "router_backward: null parameter gradient");
   FOCUS_CHECK(n == 0 || x, "router_backward: null input");
   const float inv_tau = 1.f / rp.tau();
-  const float* W = rp.w_r();
-  float* dW = dparams + rp.w_r_offset();
+  const float* W = rp.params.data() + rp.proj_offset(side);
+  float* dW = dparams + rp.proj_offset(side);
   float* dC = dparams + rp.centroids_offset();
 
   // dcos [N, G] = dL/ds / tau, with dL/ds = p * (dp - <p, dp>) + ds_in; dr [N, d_g].
@@ -229,7 +232,7 @@ void router_topk(const float* logits, const float* bias, int64_t n, int64_t g, i
   for (int64_t i = 0; i < n; ++i) {
     const float* s = logits + i * g;
     int32_t* out = groups + i * k;
-    // Selection by repeated max: k is 1 or 2 in practice.
+    // Selection by repeated max: k is small (1 to a few).
     int cnt = 0;
     for (int t = 0; t < k; ++t) {
       int best = -1;

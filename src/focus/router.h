@@ -3,6 +3,8 @@
 //   s_ig = <r_i / |r_i|, c_g / |c_g|> / tau          cosine scores [N, G]
 //   p_i  = softmax_g(s_i + b)                        soft assignment [N, G] (b: balancing bias)
 // Hard mode keeps the top-k groups of s_i + b per token (router_topk).
+// Asymmetric routers (key_proj) score a token as a key with a second projection W_k and the same
+// centroids: a query reads its top-k groups, a key belongs to one (focus/focus_attention.h).
 // Backward passes accumulate (+=) into their gradient buffers; the caller zeroes them.
 #pragma once
 #include <cstdint>
@@ -16,10 +18,15 @@ struct RouterConfig {
   int64_t groups = 8;      // G
   float tau = 0.1f;        // temperature (the initial value when learned)
   bool learn_tau = false;  // train log_tau as a parameter
+  bool key_proj = false;   // a second projection W_k for keys (asymmetric routing)
 };
 
+// Which projection scores the tokens: W_r (queries, and keys of symmetric routers) or W_k.
+enum class RouterSide { Query, Key };
+
 // Trainable parameters in one flat vector (for the optimizer), plus the gradient-free bias.
-//   params = [ W_r (d_g x D, row-major) | C (G x d_g, row-major) | log_tau (only if learn_tau) ]
+//   params = [ W_r (d_g x D, row-major) | C (G x d_g, row-major) | log_tau (only if learn_tau)
+//              | W_k (d_g x D, only if key_proj) ]
 struct RouterParams {
   RouterConfig cfg;
   std::vector<float> params;  // trainable
@@ -28,7 +35,16 @@ struct RouterParams {
   int64_t w_r_offset() const { return 0; }
   int64_t centroids_offset() const { return cfg.d_g * cfg.dim; }
   int64_t log_tau_offset() const { return cfg.learn_tau ? centroids_offset() + cfg.groups * cfg.d_g : -1; }
-  int64_t size() const { return centroids_offset() + cfg.groups * cfg.d_g + (cfg.learn_tau ? 1 : 0); }
+  int64_t w_k_offset() const {
+    return cfg.key_proj ? centroids_offset() + cfg.groups * cfg.d_g + (cfg.learn_tau ? 1 : 0) : 0;
+  }
+  int64_t size() const {
+    return centroids_offset() + cfg.groups * cfg.d_g + (cfg.learn_tau ? 1 : 0) + (cfg.key_proj ? cfg.d_g * cfg.dim : 0);
+  }
+  // Offset of the projection that scores `side` (W_r for both sides of a symmetric router).
+  int64_t proj_offset(RouterSide side) const { return side == RouterSide::Key ? w_k_offset() : 0; }
+  float* w_k() { return params.data() + w_k_offset(); }
+  const float* w_k() const { return params.data() + w_k_offset(); }
 
   float* w_r() { return params.data(); }
   const float* w_r() const { return params.data(); }
@@ -51,16 +67,18 @@ struct RouterCache {
   std::vector<float> p;       // [N, G]    softmax(s + b)
 };
 
-// x [N, D] -> cache (s, p and the intermediates).
-void router_forward(const RouterParams& rp, const float* x, int64_t n, RouterCache& cache);
+// x [N, D] -> cache (s, p and the intermediates), scored by the projection of `side`.
+void router_forward(const RouterParams& rp, const float* x, int64_t n, RouterCache& cache,
+                    RouterSide side = RouterSide::Query);
 
 // Given dL/dp [N, G] and/or dL/ds [N, G] (either may be null; ds is added to the gradient that
 // flows from dp through the softmax), accumulates dL/dparams (same layout as rp.params) and,
 // if dx is not null, dL/dx [N, D]. The bias b gets no gradient.
+// `side` must be the forward's.
 void router_backward(const RouterParams& rp, const float* x, const RouterCache& cache, const float* dp,
-                     const float* ds, float* dparams, float* dx);
+                     const float* ds, float* dparams, float* dx, RouterSide side = RouterSide::Query);
 
-// Hard top-k membership: the k best groups of logits_i + bias (bias may be null), written in
+// Hard top-k membership (any k in [1, G]): the k best groups of logits_i + bias (bias may be null), written in
 // ascending group order to groups [N, k]; ties go to the lower group index.
 void router_topk(const float* logits, const float* bias, int64_t n, int64_t g, int k, int32_t* groups);
 

@@ -1,5 +1,6 @@
 #include "model/attention.h"
 
+#include <cmath>
 #include <map>
 #include <mutex>
 
@@ -92,10 +93,80 @@ std::vector<std::string> registered_attention_policies() {
   return names;
 }
 
-AttentionPlan make_attention_plan(const ModelConfig& c, const std::string& name) {
+AttentionOptions AttentionOptions::parse(const std::string& list, const std::string& spec) {
+  AttentionOptions o;
+  o.spec_ = spec;
+  size_t at = 0;
+  while (at < list.size()) {
+    size_t end = list.find(',', at);
+    if (end == std::string::npos) end = list.size();
+    const std::string item = list.substr(at, end - at);
+    const size_t eq = item.find('=');
+    FOCUS_CHECK(eq != std::string::npos && eq > 0 && eq + 1 < item.size(), "attention spec '", spec,
+                "': option '", item, "' is not key=value");
+    const std::string key = item.substr(0, eq);
+    FOCUS_CHECK(!o.kv_.count(key), "attention spec '", spec, "': option '", key, "' given twice");
+    o.kv_[key] = item.substr(eq + 1);
+    at = end + 1;
+  }
+  return o;
+}
+
+int64_t AttentionOptions::get_int(const std::string& key, int64_t def) const {
+  auto it = kv_.find(key);
+  if (it == kv_.end()) return def;
+  read_.insert(key);
+  size_t used = 0;
+  int64_t v = 0;
+  try {
+    v = std::stoll(it->second, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  FOCUS_CHECK(used == it->second.size() && used > 0, "attention spec '", spec_, "': ", key,
+              " must be an integer, got '", it->second, "'");
+  return v;
+}
+
+double AttentionOptions::get_double(const std::string& key, double def) const {
+  auto it = kv_.find(key);
+  if (it == kv_.end()) return def;
+  read_.insert(key);
+  size_t used = 0;
+  double v = 0;
+  try {
+    v = std::stod(it->second, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  FOCUS_CHECK(used == it->second.size() && used > 0 && std::isfinite(v), "attention spec '", spec_, "': ", key,
+              " must be a number, got '", it->second, "'");
+  return v;
+}
+
+std::string AttentionOptions::get(const std::string& key, const std::string& def) const {
+  auto it = kv_.find(key);
+  if (it == kv_.end()) return def;
+  read_.insert(key);
+  return it->second;
+}
+
+void AttentionOptions::check_all_read(const std::string& policy) const {
+  for (const auto& [k, v] : kv_)
+    FOCUS_CHECK(read_.count(k), "attention spec '", spec_, "': policy '", policy, "' has no option '", k, "'");
+}
+
+AttentionPlan make_attention_plan(const ModelConfig& c, const std::string& spec) {
+  const size_t colon = spec.find(':');
+  const std::string name = spec.substr(0, colon);
+  const AttentionOptions opts =
+      AttentionOptions::parse(colon == std::string::npos ? "" : spec.substr(colon + 1), spec);
   AttentionPlan plan;
   plan.layers.resize(c.layers);
-  if (name == "dense") return plan;
+  if (name == "dense") {
+    opts.check_all_read(name);
+    return plan;
+  }
   AttentionFactory factory;
   {
     Registry& r = registry();
@@ -109,7 +180,8 @@ AttentionPlan make_attention_plan(const ModelConfig& c, const std::string& name)
     fail("unknown attention policy '", name, "' (registered: ", known, ")");
   }
   for (int64_t l = 0; l < c.layers; ++l)
-    if (c.layer_sliding_window[l] == 0) plan.layers[l] = factory(c, l);
+    if (c.layer_sliding_window[l] == 0) plan.layers[l] = factory(c, l, opts);
+  opts.check_all_read(name);
   return plan;
 }
 

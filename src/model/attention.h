@@ -9,11 +9,14 @@
 //
 // Adding a variant: a class deriving from AttentionPolicy in one file, plus one registration line
 //   static const bool registered = register_attention_policy("name", factory);
-// after which make_attention_plan(cfg, "name") runs it on every global layer.
+// after which make_attention_plan(cfg, "name") (or "name:key=value,...", the options the factory
+// reads) runs it on every global layer; `focus eval --attention SPEC` takes the same spec.
 #pragma once
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -102,13 +105,35 @@ struct AttentionPlan {
   }
 };
 
+// The options of a policy spec "name:key=value,key=value". A factory reads what it knows; a key
+// nobody read is an error after the plan is made (a misspelt option never passes silently).
+class AttentionOptions {
+ public:
+  AttentionOptions() = default;
+  // "key=value,key=value" (may be empty); errors name the spec.
+  static AttentionOptions parse(const std::string& list, const std::string& spec);
+  int64_t get_int(const std::string& key, int64_t def) const;
+  double get_double(const std::string& key, double def) const;
+  std::string get(const std::string& key, const std::string& def) const;
+  bool has(const std::string& key) const { return kv_.count(key) > 0; }
+  // Throws naming the first key no get_* call asked for.
+  void check_all_read(const std::string& policy) const;
+
+ private:
+  std::map<std::string, std::string> kv_;
+  std::string spec_;
+  mutable std::set<std::string> read_;
+};
+
 // Registered policies, made per global layer (sliding-window layers are already local and keep
 // dense_attention()).
-using AttentionFactory = std::function<std::shared_ptr<const AttentionPolicy>(const ModelConfig& c, int64_t layer)>;
+using AttentionFactory = std::function<std::shared_ptr<const AttentionPolicy>(const ModelConfig& c, int64_t layer,
+                                                                              const AttentionOptions& options)>;
 // Returns true, so that a registration can initialise a static; a name registered twice throws.
 bool register_attention_policy(const std::string& name, AttentionFactory factory);
 std::vector<std::string> registered_attention_policies();
-// The plan with the named policy on every global layer; errors list the registered names.
-AttentionPlan make_attention_plan(const ModelConfig& c, const std::string& name);
+// The plan with the policy of spec "name" or "name:key=value,..." on every global layer; errors
+// list the registered names.
+AttentionPlan make_attention_plan(const ModelConfig& c, const std::string& spec);
 
 }  // namespace focus

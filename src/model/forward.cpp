@@ -2,6 +2,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "kernels/cpu/grouped_attention.h"
 #include "kernels/cpu/ops.h"
 #include "kernels/cpu/sparse_attention.h"
 #include "model/block.h"
@@ -57,6 +58,7 @@ void forward(const Model& m, const int32_t* ids, int64_t T, KVCache& cache, floa
   model_norm(c, x, m.w.out_norm, m.w.out_norm_b, x, T);
   cache.len = pos0 + T;
   cpu::focus_attention_trim_scratch(kAttentionScratchKept);
+  cpu::grouped_attention_trim_scratch(kAttentionScratchKept);
 }
 
 void compute_logits(const Model& m, const float* hidden, int64_t rows, float* logits) {

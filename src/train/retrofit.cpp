@@ -31,7 +31,7 @@ double ppl_of(double nll, int64_t n) { return n > 0 ? std::exp(nll / n) : 0; }
 json valid_json(const ValidResult& v) {
   return {{"ppl_pretrained", v.ppl_pretrained}, {"ppl_window", v.ppl_window}, {"ppl_soft", v.ppl_soft},           {"ppl_hard", v.ppl_hard},
           {"ppl_hard_k2", v.ppl_hard_k2},       {"density_hard", v.density_hard}, {"load_max_over_mean", v.load_max_over_mean},
-          {"tokens", v.tokens}};
+          {"tokens", v.tokens},                 {"captured", v.captured},         {"far_mass", v.far_mass}};
 }
 
 ValidResult valid_from_json(const json& j) {
@@ -44,6 +44,8 @@ ValidResult valid_from_json(const json& j) {
   v.density_hard = j.value("density_hard", 0.0);
   v.load_max_over_mean = j.value("load_max_over_mean", 0.0);
   v.tokens = j.value("tokens", int64_t(0));
+  v.captured = j.value("captured", 0.0);
+  if (j.contains("far_mass")) v.far_mass = j["far_mass"].get<std::vector<float>>();
   return v;
 }
 
@@ -61,7 +63,10 @@ json run_identity(const Model& m, const RetrofitOptions& o) {
             {"learn_tau", o.focus.learn_tau},
             {"balance", balance_name(o.balance)},
             {"balance_weight", o.balance_weight},
-            {"init", o.init}});
+            {"init", o.init},
+            {"objective", o.objective}});
+  if (o.objective == "distill")
+    j.update({{"key_weight", o.distill.key_weight}, {"key_capacity", o.focus.key_capacity}});
   return j;
 }
 
@@ -82,11 +87,50 @@ void init_from(FocusRouters& f, const std::string& dir, const ModelConfig& c) {
   }
 }
 
+// Asymmetric routers have no soft form: the pretrained model, the window baseline, hard top-k and
+// hard 2k (k2 field), and the share of the far attention mass that top-k reads.
+ValidResult validate_asymmetric(const Model& m, const FocusRouters& f, const std::vector<std::vector<int32_t>>& ids,
+                                const std::vector<std::vector<int32_t>>& targets, bool with_pretrained) {
+  ValidResult v;
+  FocusRouters hard = f, win = f;
+  hard.settings.mode = FocusMode::Hard;
+  win.settings.mode = FocusMode::Window;
+  FocusRouters hard2 = hard;
+  hard2.settings.topk = (int)std::min<int64_t>(2 * f.settings.topk, f.settings.groups);
+  const AttentionPlan p_hard = focus_plan(m.cfg, hard), p_hard2 = focus_plan(m.cfg, hard2),
+                      p_win = focus_plan(m.cfg, win);
+  double nll_win = 0, nll_pre = 0, nll_hard = 0, nll_hard2 = 0;
+  AttentionStats st;
+  DistillStats ds;
+  for (size_t w = 0; w < ids.size(); ++w) {
+    int64_t n = 0;
+    if (with_pretrained) {
+      nll_pre += window_nll(m, ids[w], targets[w], nullptr, nullptr, &n);
+      nll_win += window_nll(m, ids[w], targets[w], &p_win, nullptr, &n);
+    }
+    nll_hard += window_nll(m, ids[w], targets[w], &p_hard, &st, &n);
+    nll_hard2 += window_nll(m, ids[w], targets[w], &p_hard2, nullptr, &n);
+    v.tokens += n;
+    const TrainWindow tw{ids[w].data(), (int64_t)ids[w].size(), targets[w].data()};
+    distill_loss_and_grad(m, f, tw, 1.0f, DistillOptions{}, nullptr, &ds);
+  }
+  v.ppl_pretrained = with_pretrained ? ppl_of(nll_pre, v.tokens) : 0;
+  v.ppl_window = with_pretrained ? ppl_of(nll_win, v.tokens) : 0;
+  v.ppl_hard = ppl_of(nll_hard, v.tokens);
+  v.ppl_hard_k2 = ppl_of(nll_hard2, v.tokens);
+  v.density_hard = st.density();
+  v.load_max_over_mean = st.load_max_over_mean;
+  v.captured = ds.far_total > 0 ? ds.captured / ds.far_total : 0;
+  v.far_mass = ds.far_mass();
+  return v;
+}
+
 }  // namespace
 
 ValidResult validate(const Model& m, const FocusRouters& f, const std::vector<std::vector<int32_t>>& ids,
                      const std::vector<std::vector<int32_t>>& targets, bool with_pretrained) {
   ValidResult v;
+  if (f.settings.asymmetric) return validate_asymmetric(m, f, ids, targets, with_pretrained);
   FocusRouters soft = f, hard = f;
   soft.settings.mode = FocusMode::Soft;
   hard.settings.mode = FocusMode::Hard;
@@ -121,8 +165,14 @@ ValidResult validate(const Model& m, const FocusRouters& f, const std::vector<st
 RetrofitResult run_retrofit(const Model& m, const RetrofitOptions& o) {
   const TrainData d = prepare_train_data(m, o, "retrofit");
 
+  FOCUS_CHECK(o.objective == "lm" || o.objective == "distill", "retrofit: unknown objective '", o.objective,
+              "' (expected lm or distill)");
+  const bool distill = o.objective == "distill";
   FocusSettings fs_ = o.focus;
-  fs_.mode = FocusMode::Soft;
+  fs_.mode = distill ? FocusMode::Hard : FocusMode::Soft;
+  fs_.asymmetric = distill;
+  FOCUS_CHECK(!distill || o.balance == Balance::Swav, "retrofit: distillation balances the key groups with the "
+              "SwAV loss (--balance swav, weight --balance-weight)");
   FocusRouters f = focus_init(m.cfg, fs_, o.seed);
   FOCUS_CHECK(!f.routers.empty(), "retrofit: the model has no global attention layer to route");
   if (!o.init.empty()) init_from(f, o.init, m.cfg);
@@ -159,14 +209,28 @@ RetrofitResult run_retrofit(const Model& m, const RetrofitOptions& o) {
     task.params.push_back(&f.routers[r].params);
     task.block_names.push_back("router." + std::to_string(r) + ".");
   }
+  DistillStats dstats;
+  DistillOptions dopt = o.distill;
+  dopt.balance_weight = o.balance_weight;
   task.loss_and_grad = [&](const TrainWindow& w, float loss_scale, std::vector<std::vector<float>>& grads) {
+    if (distill) return distill_loss_and_grad(m, f, w, loss_scale, dopt, &grads, &dstats).loss_sum;
     return focus_router_loss_and_grad(m, f, w, loss_scale, &grads, hook).loss_sum;
   };
   task.after_step = [&] {
     for (size_t r = 0; r < balancers.size(); ++r) balancers[r].update(f.routers[r].bias.data());
   };
   double last_swav = 0;
-  if (o.balance == Balance::Swav)
+  if (distill)
+    task.step_metrics = [&](json& line) {
+      const double rows = std::max<double>(1, (double)dstats.rows);
+      line["query_ce"] = dstats.query_ce / rows;
+      line["key_purity"] = dstats.key_purity / rows;
+      line["captured"] = dstats.far_total > 0 ? dstats.captured / dstats.far_total : 0.0;
+      last_swav = dstats.swav / std::max<double>(1, (double)(dstats.far_sum.size() * o.batch));
+      line["swav_loss"] = last_swav;
+      dstats = DistillStats{};
+    };
+  else if (o.balance == Balance::Swav)
     task.step_metrics = [&](json& line) {
       last_swav = swav_terms > 0 ? swav_sum / (double)swav_terms : 0.0;
       line["swav_loss"] = last_swav;
@@ -176,12 +240,19 @@ RetrofitResult run_retrofit(const Model& m, const RetrofitOptions& o) {
   task.validate = [&](ValidPhase phase, int64_t step, const json& before) {
     if (phase == ValidPhase::Initial) {
       std::fprintf(stderr, "[retrofit] validating the pretrained model and the initial routers...\n");
-      return valid_json(validate(m, f, d.valid_ids, d.valid_targets, true));
+      const ValidResult v0 = validate(m, f, d.valid_ids, d.valid_targets, true);
+      f.far_mass = v0.far_mass;
+      return valid_json(v0);
     }
+    if (f.far_mass.empty()) f.far_mass = valid_from_json(before).far_mass;  // resumed run
     ValidResult v = validate(m, f, d.valid_ids, d.valid_targets, false);
     if (phase == ValidPhase::Periodic) {
-      std::fprintf(stderr, "\n[retrofit] step %lld: valid ppl soft %.3f hard %.3f (density %.3f, load %.2f)\n",
-                   (long long)step, v.ppl_soft, v.ppl_hard, v.density_hard, v.load_max_over_mean);
+      if (distill)
+        std::fprintf(stderr, "\n[retrofit] step %lld: valid ppl hard %.3f (density %.3f, load %.2f), far mass read %.3f\n",
+                     (long long)step, v.ppl_hard, v.density_hard, v.load_max_over_mean, v.captured);
+      else
+        std::fprintf(stderr, "\n[retrofit] step %lld: valid ppl soft %.3f hard %.3f (density %.3f, load %.2f)\n",
+                     (long long)step, v.ppl_soft, v.ppl_hard, v.density_hard, v.load_max_over_mean);
     } else {
       const ValidResult b = valid_from_json(before);
       v.ppl_pretrained = b.ppl_pretrained;

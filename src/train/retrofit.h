@@ -8,6 +8,7 @@
 #include "focus/focus_model.h"
 #include "model/model.h"
 #include "train/adamw.h"
+#include "train/distill.h"
 #include "train/trainer.h"
 
 namespace focus {
@@ -23,12 +24,21 @@ struct RetrofitOptions : TrainOptions {
   // ones: to continue training on more text or at a longer context. Its groups, d_g, tau and
   // learn_tau must equal `focus`; window and sinks may differ (they shape the pattern only).
   std::string init;
+  // What trains the routers: "lm" (the language-model loss through soft attention, the paper's
+  // retrofit) or "distill" (asymmetric routers taught the frozen model's attention mass by group,
+  // train/distill.h; balance_weight is the SwAV weight on the key scores).
+  std::string objective = "lm";
+  DistillOptions distill;
 };
 
 struct ValidResult {
   double ppl_pretrained = 0, ppl_window = 0, ppl_soft = 0, ppl_hard = 0, ppl_hard_k2 = 0;
   double density_hard = 0, load_max_over_mean = 0;
   int64_t tokens = 0;
+  // Asymmetric routers: of the frozen model's attention mass beyond the window, the share in the
+  // groups the queries read (top-k), and each router layer's mean far mass.
+  double captured = 0;
+  std::vector<float> far_mass;
 };
 
 struct RetrofitResult : TrainStats {

@@ -1,0 +1,138 @@
+#include "train/distill.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "core/error.h"
+#include "focus/balancing.h"
+#include "kernels/cpu/attention.h"
+#include "kernels/cpu/attention_mass.h"
+
+namespace focus {
+
+std::vector<float> DistillStats::far_mass() const {
+  std::vector<float> out(far_sum.size(), 0.f);
+  for (size_t r = 0; r < far_sum.size(); ++r)
+    if (far_rows[r] > 0) out[r] = (float)(far_sum[r] / (double)far_rows[r]);
+  return out;
+}
+
+namespace {
+
+// Rows whose far mass is below this carry no target (the first w + S rows have none at all).
+constexpr float kMinFar = 1e-6f;
+
+// Dense, exact attention on a router layer, and the router's distillation from it.
+class DistillAttention final : public AttentionPolicy {
+ public:
+  DistillAttention(const FocusSettings& fs, const RouterParams* rp, std::vector<float>* grad, int64_t router,
+                   float loss_scale, const DistillOptions& o, DistillStats* stats)
+      : fs_(fs), rp_(rp), grad_(grad), router_(router), loss_scale_(loss_scale), o_(o), stats_(stats) {}
+  std::string name() const override { return "focus-distill"; }
+
+  void attend(const AttentionCall& a, std::unique_ptr<AttentionState>& /*state*/,
+              AttentionStats* /*stats*/) const override {
+    FOCUS_CHECK(a.pos0 == 0, "distillation runs on whole windows (position 0 on)");
+    const int64_t T = a.T, G = fs_.groups, H = a.cfg->heads;
+    cpu::AttnShape s = layer_attn_shape(*a.cfg, a.layer, 0, T);
+    std::vector<float> lse(H * T);
+    cpu::flash_attention(a.q, a.k, a.v, a.out, lse.data(), s);
+    s.local_window = fs_.local_window;
+    s.sinks = fs_.sinks;
+
+    RouterCache keys, queries;
+    router_forward(*rp_, a.xn, T, keys, RouterSide::Key);
+    router_forward(*rp_, a.xn, T, queries, RouterSide::Query);
+    std::vector<float> M(T * G), far(T);
+    cpu::attention_mass_forward(a.q, a.k, lse.data(), keys.p.data(), G, s, cpu::MassHeads::Mean, M.data(),
+                                far.data());
+
+    // Query cross-entropy and key purity, per row with far mass.
+    std::vector<float> dsq(T * G, 0.f), dM(T * G, 0.f), dsk(T * G, 0.f);
+    double ce = 0, purity = 0, far_sum = 0, captured = 0, far_total = 0;
+    int64_t rows = 0;
+    std::vector<int32_t> top(std::max(1, fs_.topk));
+    for (int64_t i = 0; i < T; ++i) {
+      far_sum += far[i];
+      if (far[i] < kMinFar) continue;
+      ++rows;
+      const float* m = M.data() + i * G;
+      const float* r = queries.p.data() + i * G;
+      float* dq = dsq.data() + i * G;
+      float* dm = dM.data() + i * G;
+      for (int64_t g = 0; g < G; ++g) {
+        ce -= (double)m[g] * std::log(std::max(r[g], 1e-30f));
+        dq[g] = loss_scale_ * (far[i] * r[g] - m[g]);
+        purity += (double)m[g] * m[g] / far[i];
+        dm[g] = -o_.key_weight * loss_scale_ * 2.f * m[g] / far[i];
+      }
+      router_topk(queries.s.data() + i * G, rp_->bias.data(), 1, G, fs_.topk, top.data());
+      for (int t = 0; t < fs_.topk; ++t) captured += m[top[t]];
+      far_total += far[i];
+    }
+    std::vector<float> dP(T * G, 0.f);
+    cpu::attention_mass_backward(a.q, a.k, lse.data(), dM.data(), G, s, cpu::MassHeads::Mean, dP.data());
+    // Balanced key groups: SwAV targets from Sinkhorn over the window's key scores.
+    std::vector<float> qt(T * G);
+    sinkhorn_forward(keys.s.data(), T, G, 1.0f, 3, qt.data());
+    const float swav = swav_loss_forward(keys.s.data(), rp_->bias.data(), qt.data(), T, G);
+    swav_loss_backward(keys.s.data(), rp_->bias.data(), qt.data(), T, G, o_.balance_weight * loss_scale_ * (float)T,
+                       dsk.data());
+    if (grad_) {
+      router_backward(*rp_, a.xn, keys, dP.data(), dsk.data(), grad_->data(), nullptr, RouterSide::Key);
+      router_backward(*rp_, a.xn, queries, nullptr, dsq.data(), grad_->data(), nullptr, RouterSide::Query);
+    }
+    if (stats_) {
+      stats_->query_ce += ce;
+      stats_->key_purity += purity;
+      stats_->swav += swav;
+      stats_->rows += rows;
+      stats_->far_sum[router_] += far_sum;
+      stats_->far_rows[router_] += T;
+      stats_->captured += captured;
+      stats_->far_total += far_total;
+    }
+  }
+
+ private:
+  FocusSettings fs_;
+  const RouterParams* rp_;
+  std::vector<float>* grad_;
+  int64_t router_;
+  float loss_scale_;
+  DistillOptions o_;
+  DistillStats* stats_;
+};
+
+}  // namespace
+
+LossGrad distill_loss_and_grad(const Model& m, const FocusRouters& f, const TrainWindow& w, float loss_scale,
+                               const DistillOptions& o, std::vector<std::vector<float>>* grads, DistillStats* stats) {
+  const ModelConfig& c = m.cfg;
+  FOCUS_CHECK(f.settings.asymmetric, "distillation trains asymmetric routers (keys by W_k, queries by W_r)");
+  FOCUS_CHECK(w.T >= 1, "distillation: empty window");
+  DistillStats local;
+  DistillStats& st = stats ? *stats : local;
+  st.far_sum.resize(f.routers.size(), 0.0);
+  st.far_rows.resize(f.routers.size(), 0);
+  const double ce0 = st.query_ce;
+  const int64_t rows0 = st.rows;
+  AttentionPlan plan;
+  plan.layers.resize(c.layers);
+  for (int64_t l = 0; l < c.layers; ++l) {
+    const int64_t r = f.router_of_layer[l];
+    if (r < 0 || c.layer_sliding_window[l] > 0) continue;
+    plan.layers[l] = std::make_shared<DistillAttention>(f.settings, &f.routers[r], grads ? &(*grads)[r] : nullptr, r,
+                                                        loss_scale, o, &st);
+  }
+  KVCache cache;
+  cache.init(c, w.T);
+  std::vector<float> hidden(w.T * c.dim);
+  forward(m, w.ids, w.T, cache, hidden.data(), &plan, nullptr);
+  LossGrad lg;
+  lg.loss_sum = st.query_ce - ce0;
+  lg.scored = st.rows - rows0;
+  return lg;
+}
+
+}  // namespace focus

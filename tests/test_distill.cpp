@@ -1,0 +1,230 @@
+// Asymmetric routing (keys in one group, queries read their top-k) and its training by
+// distillation (train/distill.h): gradients against finite differences, the hard policy against
+// dense attention and against itself token by token, causality, and the router folder.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <vector>
+
+#include "core/error.h"
+#include "core/mapped_file.h"
+#include "io/safetensors_writer.h"
+#include "focus/focus_attention.h"
+#include "focus/focus_model.h"
+#include "model/attention.h"
+#include "test_models.h"
+#include "test_util.h"
+#include "train/distill.h"
+
+using namespace focus;
+using focus::test::random_model;
+using focus::test::window_of;
+
+namespace {
+
+FocusSettings asym_settings(int64_t groups, int topk, int64_t window) {
+  FocusSettings s;
+  s.asymmetric = true;
+  s.groups = groups;
+  s.dg = 8;
+  s.topk = topk;
+  s.local_window = window;
+  s.sinks = 1;
+  s.tau = 0.5f;
+  s.mode = FocusMode::Hard;
+  return s;
+}
+
+std::vector<float> hidden_of(const Model& m, const std::vector<int32_t>& ids, const AttentionPlan* plan,
+                             AttentionStats* st = nullptr) {
+  KVCache c;
+  c.init(m.cfg, (int64_t)ids.size());
+  std::vector<float> h(ids.size() * m.cfg.dim);
+  forward(m, ids.data(), (int64_t)ids.size(), c, h.data(), plan, st);
+  return h;
+}
+
+double max_abs_diff(const std::vector<float>& a, const std::vector<float>& b, size_t from = 0, size_t to = SIZE_MAX) {
+  double e = 0;
+  for (size_t i = from; i < std::min(a.size(), to); ++i) e = std::max(e, (double)std::fabs(a[i] - b[i]));
+  return e;
+}
+
+// Distillation losses of one window, for finite differences: query cross-entropy and key purity.
+DistillStats distill_stats(const Model& m, const FocusRouters& f, const test::Win& w, const DistillOptions& o,
+                           std::vector<std::vector<float>>* grads) {
+  DistillStats st;
+  const TrainWindow tw{w.ids.data(), (int64_t)w.ids.size(), w.targets.data()};
+  distill_loss_and_grad(m, f, tw, 1.0f, o, grads, &st);
+  return st;
+}
+
+// Gradient of one block of every router (the others zeroed) checked along its direction.
+void check_block(const Model& m, FocusRouters f, const test::Win& w, const DistillOptions& o, bool key_side) {
+  std::vector<std::vector<float>> g;
+  for (auto& r : f.routers) g.emplace_back(r.params.size(), 0.f);
+  distill_stats(m, f, w, o, &g);
+  for (size_t r = 0; r < g.size(); ++r) {
+    const RouterParams& rp = f.routers[r];
+    const int64_t lo = key_side ? rp.w_k_offset() : rp.w_r_offset();
+    const int64_t hi = lo + rp.cfg.d_g * rp.cfg.dim;
+    for (int64_t i = 0; i < (int64_t)g[r].size(); ++i)
+      if (i < lo || i >= hi) g[r][i] = 0.f;
+  }
+  test::expect_directional_derivative(g, [&](double step) {
+    FocusRouters p = f;
+    for (size_t r = 0; r < g.size(); ++r)
+      for (size_t i = 0; i < g[r].size(); ++i) p.routers[r].params[i] += (float)(step * g[r][i]);
+    const DistillStats st = distill_stats(m, p, w, o, nullptr);
+    return key_side ? -o.key_weight * st.key_purity : st.query_ce;
+  });
+}
+
+}  // namespace
+
+// W_r learns the cross-entropy to the attention mass (M does not depend on W_r); W_k learns the
+// purity of the mass through the transpose of the mass kernel (no balance term here: its Sinkhorn
+// targets are held fixed, which a finite difference would not do).
+TEST(Distill, RouterGradientsMatchFiniteDifferences) {
+  for (Arch arch : {Arch::Llama, Arch::GPT2}) {
+    auto m = random_model(arch, 11);
+    const FocusRouters f = focus_init(m->cfg, asym_settings(4, 2, 5), 3);
+    const test::Win w = window_of(40, m->cfg.vocab, 5);
+    DistillOptions o;
+    o.balance_weight = 0.f;
+    o.key_weight = 1.f;
+    check_block(*m, f, w, o, /*key_side=*/false);
+    check_block(*m, f, w, o, /*key_side=*/true);
+  }
+}
+
+// The forward pass of distillation is the frozen model's, bit for bit, and the far mass it
+// measures is the share of attention beyond the window (positive, below one).
+TEST(Distill, ForwardStaysDenseAndMeasuresFarMass) {
+  auto m = random_model(Arch::Llama, 12);
+  const FocusRouters f = focus_init(m->cfg, asym_settings(4, 1, 5), 4);
+  const test::Win w = window_of(48, m->cfg.vocab, 6);
+  DistillStats st;
+  std::vector<std::vector<float>> g;
+  for (auto& r : f.routers) g.emplace_back(r.params.size(), 0.f);
+  const TrainWindow tw{w.ids.data(), 48, w.targets.data()};
+  const LossGrad lg = distill_loss_and_grad(*m, f, tw, 1.0f, DistillOptions{}, &g, &st);
+  EXPECT_GT(lg.scored, 0);
+  EXPECT_TRUE(std::isfinite(lg.loss_sum));
+  const std::vector<float> far = st.far_mass();
+  ASSERT_EQ(far.size(), f.routers.size());
+  for (float x : far) {
+    EXPECT_GT(x, 0.f);
+    EXPECT_LT(x, 1.f);
+  }
+  EXPECT_GE(st.captured, 0.0);
+  EXPECT_LE(st.captured, st.far_total * (1 + 1e-5));
+  FocusRouters sym = f;
+  sym.settings.asymmetric = false;
+  EXPECT_THROW(distill_loss_and_grad(*m, sym, tw, 1.0f, DistillOptions{}, nullptr, nullptr), Error);
+}
+
+// Queries that read every group see every key: the asymmetric hard policy equals dense attention.
+TEST(AsymmetricRouting, ReadingEveryGroupIsDense) {
+  auto m = random_model(Arch::Llama, 13);
+  const FocusRouters f = focus_init(m->cfg, asym_settings(4, 4, 3), 5);
+  const std::vector<int32_t> ids = window_of(60, m->cfg.vocab, 7).ids;
+  const AttentionPlan plan = focus_plan(m->cfg, f);
+  AttentionStats st;
+  const auto a = hidden_of(*m, ids, &plan, &st);
+  const auto d = hidden_of(*m, ids, nullptr);
+  EXPECT_LT(max_abs_diff(a, d), 1e-4);
+  EXPECT_NEAR(st.density(), 1.0, 1e-12);
+}
+
+// Top-1 of 4 groups: sparse (density well below one), the same outputs token by token from the
+// cache (with a rollback in between) as in one call, and causal: tokens appended later change
+// no earlier output. The key groups keep within key_capacity of the mean load.
+TEST(AsymmetricRouting, SparseDecodesLikePrefillAndIsCausal) {
+  auto m = random_model(Arch::Llama, 14);
+  FocusSettings s = asym_settings(4, 1, 3);
+  s.key_capacity = 1.25f;
+  const FocusRouters f = focus_init(m->cfg, s, 6);
+  const int64_t n = 60, D = m->cfg.dim;
+  const std::vector<int32_t> ids = window_of(n, m->cfg.vocab, 8).ids;
+  const AttentionPlan plan = focus_plan(m->cfg, f);
+  AttentionStats st;
+  std::vector<std::vector<int32_t>> groups;
+  st.groups = &groups;
+  const auto full = hidden_of(*m, ids, &plan, &st);
+  EXPECT_LT(st.density(), 0.75);
+  EXPECT_GT(max_abs_diff(full, hidden_of(*m, ids, nullptr)), 1e-3);  // the pattern really is sparse
+  for (int64_t l = 0; l < m->cfg.layers; ++l) {
+    ASSERT_EQ((int64_t)groups[l].size(), n);
+    std::vector<int64_t> load(4, 0);
+    for (int64_t j = s.sinks; j < n; ++j) {
+      const int64_t cap = (int64_t)std::ceil(s.key_capacity * (double)(j - s.sinks + 1) / 4.0);
+      EXPECT_LT(load[groups[l][j]], std::max<int64_t>(1, cap)) << "layer " << l << " key " << j;
+      load[groups[l][j]]++;
+    }
+  }
+
+  KVCache c;
+  c.init(m->cfg, n);
+  std::vector<float> h(n * D);
+  forward(*m, ids.data(), 30, c, h.data(), &plan);
+  c.truncate(20);
+  for (int64_t i = 20; i < n; ++i) forward(*m, ids.data() + i, 1, c, h.data() + i * D, &plan);
+  EXPECT_LT(max_abs_diff(h, full), 1e-5);
+
+  const std::vector<int32_t> prefix(ids.begin(), ids.begin() + 40);
+  EXPECT_LT(max_abs_diff(hidden_of(*m, prefix, &plan), full, 0, 40 * D), 1e-5);
+}
+
+// Router folders keep the asymmetric routing, W_k, the capacity and the measured far mass; the
+// per-layer choice turns low-mass layers into window + sinks.
+TEST(AsymmetricRouting, FolderRoundTripAndPerLayerChoice) {
+  auto m = random_model(Arch::Llama, 15);
+  FocusRouters f = focus_init(m->cfg, asym_settings(4, 2, 3), 7);
+  f.far_mass = {0.5f, 0.01f, 0.3f};
+  f.settings.window_only_below = 0.05f;
+  const std::string dir = (std::filesystem::temp_directory_path() / "focus_test_asym_routers").string();
+  save_focus(f, dir, m->cfg, "random");
+  const FocusRouters g = load_focus(dir, m->cfg);
+  EXPECT_TRUE(g.settings.asymmetric);
+  EXPECT_EQ(g.settings.topk, 2);
+  EXPECT_EQ(g.settings.key_capacity, f.settings.key_capacity);
+  EXPECT_EQ(g.far_mass, f.far_mass);
+  ASSERT_EQ(g.routers.size(), f.routers.size());
+  for (size_t r = 0; r < f.routers.size(); ++r) EXPECT_EQ(g.routers[r].params, f.routers[r].params);
+  const AttentionPlan plan = focus_plan(m->cfg, g);
+  EXPECT_EQ(plan.at(0).name(), "focus-asymmetric");
+  EXPECT_EQ(plan.at(1).name(), "window");
+  EXPECT_EQ(plan.at(2).name(), "focus-asymmetric");
+  // far_mass of the wrong length is refused, naming the file.
+  std::string text = read_file(dir + "/focus.json");
+  const size_t at = text.find("0.3");
+  ASSERT_NE(at, std::string::npos);
+  text.replace(at, 3, "0.3, 0.2");
+  io::write_file_atomic(dir + "/focus.json", text);
+  try {
+    load_focus(dir, m->cfg);
+    FAIL() << "a far_mass of 4 entries for 3 routers must be refused";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("far_mass"), std::string::npos) << e.what();
+  }
+}
+
+// Options of a policy spec: read by the factory, and an unknown or malformed one is an error.
+TEST(AttentionOptions, SpecsAreParsedStrictly) {
+  const AttentionOptions o = AttentionOptions::parse("block=64,k=8", "x:block=64,k=8");
+  EXPECT_EQ(o.get_int("block", 0), 64);
+  EXPECT_THROW(o.check_all_read("x"), Error);  // k not read yet
+  EXPECT_EQ(o.get_int("k", 0), 8);
+  EXPECT_NO_THROW(o.check_all_read("x"));
+  EXPECT_EQ(o.get_int("absent", 5), 5);
+  EXPECT_THROW(AttentionOptions::parse("block", "x:block"), Error);
+  EXPECT_THROW(AttentionOptions::parse("a=1,a=2", "x:a=1,a=2"), Error);
+  EXPECT_THROW(AttentionOptions::parse("a=x", "x:a=x").get_int("a", 0), Error);
+  ModelConfig c;
+  c.layers = 1;
+  c.layer_sliding_window = {0};
+  EXPECT_THROW(make_attention_plan(c, "dense:window=3"), Error);
+}

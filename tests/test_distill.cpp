@@ -198,6 +198,10 @@ TEST(AsymmetricRouting, FolderRoundTripAndPerLayerChoice) {
   EXPECT_EQ(plan.at(0).name(), "focus-asymmetric");
   EXPECT_EQ(plan.at(1).name(), "window");
   EXPECT_EQ(plan.at(2).name(), "focus-asymmetric");
+  FocusRouters d = g;
+  d.settings.dense_above = 0.4f;  // layer 0 (far mass 0.5) keeps dense attention
+  EXPECT_EQ(focus_plan(m->cfg, d).at(0).name(), "dense");
+  EXPECT_EQ(focus_plan(m->cfg, d).at(2).name(), "focus-asymmetric");
   // far_mass of the wrong length is refused, naming the file.
   std::string text = read_file(dir + "/focus.json");
   const size_t at = text.find("0.3");

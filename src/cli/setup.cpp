@@ -16,6 +16,7 @@ void FocusFlags::add(CLI::App* app) {
   app->add_option("--key-capacity", key_capacity, "asymmetric routing: a group holds at most this times the mean key load");
   app->add_option("--window-only-below", window_only_below,
                   "layers whose measured far attention mass (focus.json far_mass) is below this run window + sinks only");
+  app->add_option("--dense-above", dense_above, "layers whose measured far attention mass is above this stay dense");
   app->add_option("--window", window, "Focus local window (default 64)");
   app->add_option("--sinks", sinks, "sink tokens visible to all (default 1)");
   app->add_option("--groups", groups, "groups G for a random router");
@@ -27,7 +28,7 @@ void FocusFlags::add(CLI::App* app) {
 void FocusFlags::check() const {
   if (dir.empty()) {
     for (const char* f : {"--mode", "--topk", "--window", "--sinks", "--groups", "--dg", "--tau", "--router-seed",
-                          "--routing", "--key-capacity", "--window-only-below"})
+                          "--routing", "--key-capacity", "--window-only-below", "--dense-above"})
       FOCUS_CHECK(!given(f), f, " needs --focus DIR (or --focus random)");
   } else if (dir != "random") {
     for (const char* f : {"--groups", "--dg", "--tau", "--router-seed", "--routing"})
@@ -60,12 +61,14 @@ std::unique_ptr<FocusRouters> FocusFlags::make(const Model& m) const {
   if (!mode.empty()) f->settings.mode = parse_focus_mode(mode);
   if (key_capacity >= 0) f->settings.key_capacity = key_capacity;
   if (window_only_below >= 0) f->settings.window_only_below = window_only_below;
+  if (dense_above >= 0) f->settings.dense_above = dense_above;
   FOCUS_CHECK(f->settings.local_window >= 1, "--window must be >= 1");
   FOCUS_CHECK(f->settings.topk >= 1 && (f->settings.asymmetric || f->settings.topk <= 2) &&
                   f->settings.topk <= f->settings.groups,
               "--topk must be 1 or 2 with symmetric routing, at least 1 with asymmetric (and at most the number of groups)");
   FOCUS_CHECK(!f->settings.asymmetric || f->settings.key_capacity >= 1.f, "--key-capacity must be >= 1");
   FOCUS_CHECK(f->settings.window_only_below <= 1.f, "--window-only-below must be in [0, 1]");
+  FOCUS_CHECK(f->settings.dense_above <= 1.f, "--dense-above must be in [0, 1]");
   return f;
 }
 

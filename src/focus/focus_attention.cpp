@@ -283,6 +283,7 @@ AttentionPlan make_plan(const ModelConfig& c, const FocusRouters& f, FocusMode m
   for (int64_t l = 0; l < c.layers; ++l) {
     const int64_t r = f.router_of_layer[l];
     if (r < 0 || c.layer_sliding_window[l] > 0) continue;
+    if (mode == FocusMode::Hard && f.stays_dense(r)) continue;  // the model's own attention
     if (window || (mode == FocusMode::Hard && f.window_only(r)))
       plan.layers[l] = window ? window : std::make_shared<WindowAttention>(fs);
     else if (fs.asymmetric)

@@ -50,6 +50,8 @@ void check_settings(const FocusSettings& s, const ModelConfig& c, const std::str
               ": key_capacity must be >= 1 (got ", s.key_capacity, ")");
   FOCUS_CHECK(s.window_only_below >= 0.f && s.window_only_below <= 1.f, where,
               ": window_only_below must be in [0, 1] (got ", s.window_only_below, ")");
+  FOCUS_CHECK(s.dense_above >= 0.f && s.dense_above <= 1.f, where, ": dense_above must be in [0, 1] (got ",
+              s.dense_above, ")");
   FOCUS_CHECK(s.tau > 0 && std::isfinite(s.tau), where, ": temperature must be positive");
 }
 }  // namespace
@@ -121,6 +123,7 @@ void save_focus(const FocusRouters& f, const std::string& dir, const ModelConfig
   if (s.asymmetric) j["key_capacity"] = s.key_capacity;
   if (!f.far_mass.empty()) j["far_mass"] = f.far_mass;
   if (s.window_only_below > 0) j["window_only_below"] = s.window_only_below;
+  if (s.dense_above < 1) j["dense_above"] = s.dense_above;
   io::write_file_atomic((fs::path(dir) / "focus.json").string(), j.dump(2) + "\n");
 }
 
@@ -160,6 +163,7 @@ FocusConfigFile read_focus_config(const std::string& dir, const ModelConfig& c) 
     s.asymmetric = routing == "asymmetric";
     s.key_capacity = j.value("key_capacity", 1.5f);
     s.window_only_below = j.value("window_only_below", 0.f);
+    s.dense_above = j.value("dense_above", 1.f);
     FOCUS_CHECK(j.at("model_dim").get<int64_t>() == c.dim && j.at("model_layers").get<int64_t>() == c.layers, jp,
                 ": routers were made for a model with dim ", j.at("model_dim"), " and ", j.at("model_layers"),
                 " layers; this model has dim ", c.dim, " and ", c.layers, " layers");

@@ -35,6 +35,8 @@ struct FocusSettings {
   // Per-layer choice: a router layer whose measured far attention mass (FocusRouters::far_mass)
   // is below this runs the window + sinks pattern alone in hard mode (0: every layer routes).
   float window_only_below = 0.f;
+  // ... and one whose far mass is above this keeps the model's dense attention (1: none does).
+  float dense_above = 1.f;
 };
 
 struct FocusRouters {
@@ -48,6 +50,10 @@ struct FocusRouters {
   // Whether router r runs window + sinks alone (settings.window_only_below against far_mass).
   bool window_only(int64_t r) const {
     return settings.window_only_below > 0 && r < (int64_t)far_mass.size() && far_mass[r] < settings.window_only_below;
+  }
+  // Whether router r keeps dense attention (settings.dense_above against far_mass).
+  bool stays_dense(int64_t r) const {
+    return settings.dense_above < 1 && r < (int64_t)far_mass.size() && far_mass[r] > settings.dense_above;
   }
 };
 

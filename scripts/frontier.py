@@ -202,11 +202,12 @@ def plot(ctx, rows, path, xkey, xlabel, plt):
     for r in rows:
         if r["method"] != "dense" and r["method"] not in methods:
             methods.append(r["method"])
-    for m in methods:
+    for i, m in enumerate(methods):
         pts = sorted((r for r in rows if r["method"] == m), key=lambda r: r[xkey])
         ax.plot([r[xkey] for r in pts], [r["ppl"] for r in pts], marker="o", label=m)
-        for r in pts:
-            ax.annotate(r["label"], (r[xkey], r["ppl"]), textcoords="offset points", xytext=(4, 4), fontsize=7)
+        for r in pts:  # labels above the points of every other method, below the rest
+            ax.annotate(r["label"], (r[xkey], r["ppl"]), textcoords="offset points",
+                        xytext=(4, 4 if i % 2 == 0 else -11), fontsize=7)
     if dense:
         ax.axhline(dense["ppl"], color="black", linestyle="--", linewidth=1)
         ax.plot([dense[xkey]], [dense["ppl"]], marker="s", color="black", linestyle="none",
@@ -214,6 +215,9 @@ def plot(ctx, rows, path, xkey, xlabel, plt):
         ax.axhline(dense["ppl"] * 1.01, color="grey", linestyle=":", linewidth=1, label="dense +1%")
     if xkey == "density":
         ax.set_xscale("log")
+        lo = min(r["density"] for r in rows)
+        ax.set_xticks([t for t in (0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0) if t >= lo / 2.5])
+        ax.set_xticklabels([f"{t:g}" for t in ax.get_xticks()])
     ax.set_xlabel(xlabel)
     ax.set_ylabel("held-out perplexity")
     ax.set_title(f"ctx {ctx}: {', '.join(rows[0]['texts'])} ({rows[0]['tokens']} tokens)", fontsize=9)

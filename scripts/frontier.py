@@ -182,7 +182,8 @@ def aggregate(recs):
             dens = sum(r.get("density", 1.0) * r["tokens"] for r in rs) / tok
             rows.append({"label": label, "method": rs[0]["method"], "texts": sorted(r["text"] for r in rs),
                          "tokens": tok, "nll": nll, "ppl": math.exp(nll), "density": dens,
-                         "seconds": sum(r["seconds"] for r in rs), "recs": rs})
+                         "seconds": sum(r["seconds"] for r in rs), "recs": rs,
+                         "load": max((r["load_max_over_mean"] for r in rs if "load_max_over_mean" in r), default=None)})
         dense = next((r for r in rows if r["method"] == "dense"), None)
         for r in rows:
             r["delta"] = 100 * (r["ppl"] / dense["ppl"] - 1) if dense else None
@@ -203,7 +204,7 @@ def plot(ctx, rows, path, xkey, xlabel, plt):
         if r["method"] != "dense" and r["method"] not in methods:
             methods.append(r["method"])
     for i, m in enumerate(methods):
-        pts = sorted((r for r in rows if r["method"] == m), key=lambda r: r[xkey])
+        pts = sorted((r for r in rows if r["method"] == m), key=lambda r: r["density"])  # curve order
         ax.plot([r[xkey] for r in pts], [r["ppl"] for r in pts], marker="o", label=m)
         for r in pts:  # labels above the points of every other method, below the rest
             ax.annotate(r["label"], (r[xkey], r["ppl"]), textcoords="offset points",
@@ -251,21 +252,27 @@ def cmd_report(a):
           f"with BOS. Measured {dates[0][:10]}" + (f" to {dates[-1][:10]}" if dates[-1][:10] != dates[0][:10] else "")
           + " on " + "; ".join(machines) + ". Made by", ""]
     md += [f"    {r}" for r in runs] + ["", "and this table and the plots by", "",
-           "    scripts/frontier.py " + " ".join(shlex.quote(x) for x in sys.argv[1:]), "",
+           "    scripts/frontier.py report " + " ".join(shlex.quote(x) for x in (
+               ["--results", a.results, "--out-md", a.out_md] + (["--png", a.png] if a.png else []))) +
+           " --note TEXT" * len(a.note or []) + (" (the notes below)" if a.note else ""), "",
            "ppl = exp(token-weighted mean NLL over the texts); density = visible pairs / causal pairs over "
-           "the sparse layers (token-weighted; dense = 1); seconds = `focus eval`'s timed forward passes "
+           "the sparse layers (token-weighted; dense = 1); load max/mean = the largest group's share of queries over the mean, worst layer, worst text (routed variants only); seconds = `focus eval`'s timed forward passes "
            "summed over the texts (model loading and tokenising excluded); the machine is shared, so timings "
            "vary between runs. Raw lines (with each exact command): `" + os.path.basename(a.results) + "`.", ""]
+    for note in a.note or []:
+        md += [note, ""]
     for ctx, rows in agg.items():
-        md += [f"## ctx {ctx}", "", "| method | label | density | ppl | vs dense | seconds | speed-up |",
-               "|---|---|---|---|---|---|---|"]
+        md += [f"## ctx {ctx}", "", "| method | label | density | ppl | vs dense | seconds | speed-up | load max/mean |",
+               "|---|---|---|---|---|---|---|---|"]
         for r in rows:
             d = "" if r["delta"] is None else f"{r['delta']:+.2f}%"
             s = "" if r["speedup"] is None else f"{r['speedup']:.2f}x"
+            ld = f"{r['load']:.2f}" if r["load"] else ""
             md.append(f"| {r['method']} | {r['label']} | {r['density']:.4f} | {r['ppl']:.4f} | {d} | "
-                      f"{r['seconds']:.1f} | {s} |")
+                      f"{r['seconds']:.1f} | {s} | {ld} |")
         md += ["", "Commands (first text; the others differ only in `--text`):", ""]
-        md += [f"- {r['label']}: `{r['recs'][0]['command']}`" for r in rows]
+        home = os.path.expanduser("~")
+        md += [f"- {r['label']}: `{r['recs'][0]['command'].replace(home + '/', '~/')}`" for r in rows]
         if a.png:
             os.makedirs(os.path.dirname(os.path.abspath(a.png)), exist_ok=True)
             for xkey, xlabel, suffix in (("density", "density of causal pairs (log)", "density"),
@@ -301,6 +308,7 @@ def main():
     p.add_argument("--results", required=True, help="results.jsonl written by run")
     p.add_argument("--out-md", required=True, help="markdown file to write")
     p.add_argument("--png", help="PNG prefix: PREFIX_ctxN_density.png and PREFIX_ctxN_time.png")
+    p.add_argument("--note", action="append", help="paragraph to add under the header (repeatable)")
     a = ap.parse_args()
     return cmd_run(a) if a.cmd == "run" else cmd_report(a)
 

@@ -27,11 +27,13 @@ if [ "${FOCUS_NO_APT:-0}" != 1 ]; then
   fi
 fi
 
-# Python side: only the independent references used by tests and scripts.
+# Python side: the independent references used by tests and scripts, and matplotlib for the
+# plots of scripts/frontier.py.
 PY=${PYTHON:-python3}
-if ! $PY -c "import gguf, numpy" >/dev/null 2>&1; then
-  echo "[setup] installing Python packages: gguf numpy"
-  $PY -m pip install -q gguf numpy || echo "[setup] warning: could not install gguf/numpy (reference checks will skip)"
+if ! $PY -c "import gguf, numpy, matplotlib" >/dev/null 2>&1; then
+  echo "[setup] installing Python packages: gguf numpy matplotlib"
+  $PY -m pip install -q gguf numpy matplotlib ||
+    echo "[setup] warning: could not install gguf/numpy/matplotlib (reference checks will skip; no frontier plots)"
 fi
 
 [ "${FOCUS_NO_MODELS:-0}" = 1 ] && exit 0

@@ -89,14 +89,19 @@ void check_block(const Model& m, FocusRouters f, const test::Win& w, const Disti
 // targets are held fixed, which a finite difference would not do).
 TEST(Distill, RouterGradientsMatchFiniteDifferences) {
   for (Arch arch : {Arch::Llama, Arch::GPT2}) {
+    for (bool per_kv_head : {false, true}) {
     auto m = random_model(arch, 11);
-    const FocusRouters f = focus_init(m->cfg, asym_settings(4, 2, 5), 3);
+    FocusSettings st = asym_settings(4, 2, 5);
+    st.per_kv_head = per_kv_head;
+    const FocusRouters f = focus_init(m->cfg, st, 3);
+    EXPECT_EQ((int64_t)f.routers.size(), m->cfg.layers * (per_kv_head ? m->cfg.kv_heads : 1));
     const test::Win w = window_of(40, m->cfg.vocab, 5);
     DistillOptions o;
     o.balance_weight = 0.f;
     o.key_weight = 1.f;
     check_block(*m, f, w, o, /*key_side=*/false);
     check_block(*m, f, w, o, /*key_side=*/true);
+    }
   }
 }
 
@@ -129,7 +134,9 @@ TEST(Distill, ForwardStaysDenseAndMeasuresFarMass) {
 // Queries that read every group see every key: the asymmetric hard policy equals dense attention.
 TEST(AsymmetricRouting, ReadingEveryGroupIsDense) {
   auto m = random_model(Arch::Llama, 13);
-  const FocusRouters f = focus_init(m->cfg, asym_settings(4, 4, 3), 5);
+  FocusSettings s = asym_settings(4, 4, 3);
+  s.per_kv_head = true;
+  const FocusRouters f = focus_init(m->cfg, s, 5);
   const std::vector<int32_t> ids = window_of(60, m->cfg.vocab, 7).ids;
   const AttentionPlan plan = focus_plan(m->cfg, f);
   AttentionStats st;
@@ -143,9 +150,12 @@ TEST(AsymmetricRouting, ReadingEveryGroupIsDense) {
 // cache (with a rollback in between) as in one call, and causal: tokens appended later change
 // no earlier output. The key groups keep within key_capacity of the mean load.
 TEST(AsymmetricRouting, SparseDecodesLikePrefillAndIsCausal) {
+  for (bool per_kv_head : {false, true}) {
+  SCOPED_TRACE(per_kv_head ? "per kv head" : "per layer");
   auto m = random_model(Arch::Llama, 14);
   FocusSettings s = asym_settings(4, 1, 3);
   s.key_capacity = 1.25f;
+  s.per_kv_head = per_kv_head;
   const FocusRouters f = focus_init(m->cfg, s, 6);
   const int64_t n = 60, D = m->cfg.dim;
   const std::vector<int32_t> ids = window_of(n, m->cfg.vocab, 8).ids;
@@ -176,14 +186,18 @@ TEST(AsymmetricRouting, SparseDecodesLikePrefillAndIsCausal) {
 
   const std::vector<int32_t> prefix(ids.begin(), ids.begin() + 40);
   EXPECT_LT(max_abs_diff(hidden_of(*m, prefix, &plan), full, 0, 40 * D), 1e-5);
+  }
 }
 
 // Router folders keep the asymmetric routing, W_k, the capacity and the measured far mass; the
 // per-layer choice turns low-mass layers into window + sinks.
 TEST(AsymmetricRouting, FolderRoundTripAndPerLayerChoice) {
   auto m = random_model(Arch::Llama, 15);
-  FocusRouters f = focus_init(m->cfg, asym_settings(4, 2, 3), 7);
-  f.far_mass = {0.5f, 0.01f, 0.3f};
+  FocusSettings st = asym_settings(4, 2, 3);
+  st.per_kv_head = true;  // 2 routers per layer
+  FocusRouters f = focus_init(m->cfg, st, 7);
+  ASSERT_EQ(f.routers.size(), 6u);
+  f.far_mass = {0.5f, 0.6f, 0.01f, 0.02f, 0.3f, 0.2f};
   f.settings.window_only_below = 0.05f;
   const std::string dir = (std::filesystem::temp_directory_path() / "focus_test_asym_routers").string();
   save_focus(f, dir, m->cfg, "random");
@@ -192,6 +206,8 @@ TEST(AsymmetricRouting, FolderRoundTripAndPerLayerChoice) {
   EXPECT_EQ(g.settings.topk, 2);
   EXPECT_EQ(g.settings.key_capacity, f.settings.key_capacity);
   EXPECT_EQ(g.far_mass, f.far_mass);
+  EXPECT_TRUE(g.settings.per_kv_head);
+  EXPECT_EQ(g.routers_per_layer, 2);
   ASSERT_EQ(g.routers.size(), f.routers.size());
   for (size_t r = 0; r < f.routers.size(); ++r) EXPECT_EQ(g.routers[r].params, f.routers[r].params);
   const AttentionPlan plan = focus_plan(m->cfg, g);
@@ -204,13 +220,13 @@ TEST(AsymmetricRouting, FolderRoundTripAndPerLayerChoice) {
   EXPECT_EQ(focus_plan(m->cfg, d).at(2).name(), "focus-asymmetric");
   // far_mass of the wrong length is refused, naming the file.
   std::string text = read_file(dir + "/focus.json");
-  const size_t at = text.find("0.3");
+  const size_t at = text.find("\"far_mass\": [");
   ASSERT_NE(at, std::string::npos);
-  text.replace(at, 3, "0.3, 0.2");
+  text.insert(at + 13, "0.1, ");
   io::write_file_atomic(dir + "/focus.json", text);
   try {
     load_focus(dir, m->cfg);
-    FAIL() << "a far_mass of 4 entries for 3 routers must be refused";
+    FAIL() << "a far_mass of 7 entries for 6 routers must be refused";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("far_mass"), std::string::npos) << e.what();
   }

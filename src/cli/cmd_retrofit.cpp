@@ -98,6 +98,7 @@ Command add_retrofit(CLI::App& app) {
                   "lm: the language-model loss through soft attention; distill: asymmetric routers taught the "
                   "frozen model's attention mass by group (dense forward, SwAV-balanced keys)")
       ->check(CLI::IsMember({"lm", "distill"}));
+  sub->add_flag("--per-kv-head", o.focus.per_kv_head, "distill: one router per kv head (its query heads follow it)");
   sub->add_option("--key-weight", o.distill.key_weight, "distill: weight of the key purity term");
   sub->add_option("--key-capacity", o.focus.key_capacity,
                   "distill: at inference a group holds at most this times the mean key load");

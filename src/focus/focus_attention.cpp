@@ -179,95 +179,118 @@ class FocusAttention final : public AttentionPolicy {
   RouterAuxHook hook_;
 };
 
-// The routing of one asymmetric layer's cached keys: one group per key, the groups' loads, and
-// the index of their members that the kernel reads.
+// The routing of one asymmetric layer's cached keys under each of its RH routers: one group per
+// key, the groups' loads, and the index of their members that the kernel reads.
 struct KeyRoutingState final : AttentionState {
-  std::vector<int32_t> key_group;  // [len]
-  std::vector<int64_t> load;       // [G] keys at or after the sinks in each group
+  int64_t route_heads = 1, groups = 0, sinks = 0;
+  std::vector<std::vector<int32_t>> key_group;  // [RH][len]
+  std::vector<int64_t> load;                    // [RH, G] keys at or after the sinks in each group
   cpu::GroupedKeyIndex index;
-  int64_t sinks = 0;
+  int64_t len() const { return (int64_t)key_group[0].size(); }
   void truncate(int64_t n) override {
-    if ((int64_t)key_group.size() <= n) return;
-    for (int64_t j = std::max(n, sinks); j < (int64_t)key_group.size(); ++j) load[key_group[j]]--;
-    key_group.resize(n);
+    const int64_t old = len();
+    if (old <= n) return;
+    for (int64_t r = 0; r < route_heads; ++r) {
+      for (int64_t j = std::max(n, sinks); j < old; ++j) load[r * groups + key_group[r][j]]--;
+      key_group[r].resize(n);
+    }
     index.truncate(n);
   }
 };
 
 // Asymmetric Focus, hard mode: keys in one group each (by W_k, causally balanced), queries read
-// their top-k groups (by W_r); the grouped kernel computes window, sinks and those groups.
+// their top-k groups (by W_r); one router per layer or per kv head (its query heads follow it).
+// The grouped kernel computes window, sinks and those groups.
 class AsymmetricFocusAttention final : public AttentionPolicy {
  public:
-  AsymmetricFocusAttention(const FocusSettings& fs, const RouterParams* rp) : fs_(fs), rp_(rp) {}
+  AsymmetricFocusAttention(const FocusSettings& fs, const RouterParams* rp, int64_t route_heads)
+      : fs_(fs), rp_(rp), rh_(route_heads) {}
   std::string name() const override { return "focus-asymmetric"; }
 
   void attend(const AttentionCall& a, std::unique_ptr<AttentionState>& state, AttentionStats* stats) const override {
     FOCUS_CHECK(fs_.mode == FocusMode::Hard, "asymmetric routers run in hard or window mode (they train by "
                 "distillation, with no soft form)");
-    const int64_t G = fs_.groups, T = a.T, n = a.pos0 + a.T;
+    const int64_t G = fs_.groups, T = a.T, n = a.pos0 + a.T, RH = rh_;
     if (a.pos0 == 0 || !state) {
       FOCUS_CHECK(a.pos0 == 0, "forward: the KV cache holds ", a.pos0, " positions but no Focus routing (layer ",
                   a.layer, "); fill it from position 0 with the same routers");
       auto ks = std::make_unique<KeyRoutingState>();
-      ks->load.assign(G, 0);
-      ks->index.reset(G, 1);
+      ks->route_heads = RH;
+      ks->groups = G;
       ks->sinks = fs_.sinks;
+      ks->key_group.resize(RH);
+      ks->load.assign(RH * G, 0);
+      ks->index.reset(G, RH);
       state = std::move(ks);
     }
     auto* ks = dynamic_cast<KeyRoutingState*>(state.get());
-    FOCUS_CHECK(ks && (int64_t)ks->key_group.size() == a.pos0, "forward: the KV cache of layer ", a.layer,
+    FOCUS_CHECK(ks && ks->route_heads == RH && ks->len() == a.pos0, "forward: the KV cache of layer ", a.layer,
                 " was filled by another attention policy or holds another length");
     // Keys: the best group with room, room = key_capacity times the mean load of the keys so far
     // (a key's group depends on the keys before it only: causal).
-    RouterCache kc;
-    router_forward(*rp_, a.xn, T, kc, RouterSide::Key);
-    std::vector<int32_t> kg(T);
-    for (int64_t t = 0; t < T; ++t) {
-      const int64_t j = a.pos0 + t;
-      const float* sc = kc.s.data() + t * G;
-      const bool counted = j >= fs_.sinks;
-      const int64_t cap =
-          counted ? std::max<int64_t>(1, (int64_t)std::ceil(fs_.key_capacity * (double)(j - fs_.sinks + 1) / (double)G))
-                  : INT64_MAX;
-      int32_t best = -1;
-      for (int64_t g = 0; g < G; ++g)
-        if (ks->load[g] < cap && (best < 0 || sc[g] + rp_->bias[g] > sc[best] + rp_->bias[best])) best = (int32_t)g;
-      kg[t] = best;
-      if (counted) ks->load[best]++;
+    std::vector<int32_t> kg(RH * T);  // [RH, T]
+    for (int64_t r = 0; r < RH; ++r) {
+      RouterCache kc;
+      router_forward(rp_[r], a.xn, T, kc, RouterSide::Key);
+      const float* bias = rp_[r].bias.data();
+      int64_t* load = ks->load.data() + r * G;
+      for (int64_t t = 0; t < T; ++t) {
+        const int64_t j = a.pos0 + t;
+        const float* sc = kc.s.data() + t * G;
+        const bool counted = j >= fs_.sinks;
+        const int64_t cap = counted ? std::max<int64_t>(1, (int64_t)std::ceil(fs_.key_capacity *
+                                                                               (double)(j - fs_.sinks + 1) / (double)G))
+                                    : INT64_MAX;
+        int32_t best = -1;
+        for (int64_t g = 0; g < G; ++g)
+          if (load[g] < cap && (best < 0 || sc[g] + bias[g] > sc[best] + bias[best])) best = (int32_t)g;
+        kg[r * T + t] = best;
+        if (counted) load[best]++;
+      }
+      ks->key_group[r].insert(ks->key_group[r].end(), kg.begin() + r * T, kg.begin() + (r + 1) * T);
     }
-    ks->key_group.insert(ks->key_group.end(), kg.begin(), kg.end());
     ks->index.append(kg.data(), T);
 
     const ModelConfig& c = *a.cfg;
     if (n <= fs_.local_window) return dense_attention().attend(a, state, nullptr);
-    // Queries: their top-k groups, the same for every head of the layer.
-    RouterCache qc;
-    router_forward(*rp_, a.xn, T, qc, RouterSide::Query);
+    // Queries: the top-k groups of each router, for the query heads that router serves.
     const int k = fs_.topk;
+    const int64_t heads_per = c.heads / RH;
     std::vector<int32_t> top(T * k), qg(T * c.heads * k);
-    router_topk(qc.s.data(), rp_->bias.data(), T, G, k, top.data());
-    for (int64_t t = 0; t < T; ++t)
-      for (int64_t h = 0; h < c.heads; ++h) std::copy_n(top.data() + t * k, k, qg.data() + (t * c.heads + h) * k);
+    for (int64_t r = 0; r < RH; ++r) {
+      RouterCache qc;
+      router_forward(rp_[r], a.xn, T, qc, RouterSide::Query);
+      router_topk(qc.s.data(), rp_[r].bias.data(), T, G, k, top.data());
+      for (int64_t t = 0; t < T; ++t)
+        for (int64_t h = r * heads_per; h < (r + 1) * heads_per; ++h)
+          std::copy_n(top.data() + t * k, k, qg.data() + (t * c.heads + h) * k);
+    }
+    std::vector<int32_t> all_keys(RH * n);  // [RH, n] as the kernel's routing takes it
+    for (int64_t r = 0; r < RH; ++r) std::copy(ks->key_group[r].begin(), ks->key_group[r].end(), all_keys.begin() + r * n);
     cpu::AttnShape s = layer_attn_shape(c, a.layer, a.pos0, T);
     s.local_window = fs_.local_window;
     s.sinks = fs_.sinks;
-    const cpu::GroupedRouting routing{G, 1, ks->key_group.data(), k, qg.data()};
+    const cpu::GroupedRouting routing{G, RH, all_keys.data(), k, qg.data()};
     cpu::grouped_attention(a.q, a.k, a.v, a.out, nullptr, s, routing, ks->index);
     if (!stats) return;
     if (stats->groups && a.pos0 == 0) {
       if ((int64_t)stats->groups->size() < c.layers) stats->groups->resize(c.layers);
-      (*stats->groups)[a.layer] = kg;
+      (*stats->groups)[a.layer] = ks->key_group[0];
     }
     add_causal(stats, a.pos0, T, (double)cpu::grouped_pair_count(s, routing) / (double)c.heads);
     if (a.pos0 == 0) {
-      const GroupLoadStats g = group_load_stats(kg.data() + std::min(fs_.sinks, T), T - std::min(fs_.sinks, T), 1, G);
-      stats->load_max_over_mean = std::max(stats->load_max_over_mean, g.max_over_mean);
+      const int64_t S = std::min(fs_.sinks, T);
+      for (int64_t r = 0; r < RH; ++r) {
+        const GroupLoadStats g = group_load_stats(kg.data() + r * T + S, T - S, 1, G);
+        stats->load_max_over_mean = std::max(stats->load_max_over_mean, g.max_over_mean);
+      }
     }
   }
 
  private:
   FocusSettings fs_;
-  const RouterParams* rp_;
+  const RouterParams* rp_;  // rh_ routers
+  int64_t rh_;
 };
 
 AttentionPlan make_plan(const ModelConfig& c, const FocusRouters& f, FocusMode mode,
@@ -287,7 +310,7 @@ AttentionPlan make_plan(const ModelConfig& c, const FocusRouters& f, FocusMode m
     if (window || (mode == FocusMode::Hard && f.window_only(r)))
       plan.layers[l] = window ? window : std::make_shared<WindowAttention>(fs);
     else if (fs.asymmetric)
-      plan.layers[l] = std::make_shared<AsymmetricFocusAttention>(fs, &f.routers[r]);
+      plan.layers[l] = std::make_shared<AsymmetricFocusAttention>(fs, &f.routers[r], f.routers_per_layer);
     else
       plan.layers[l] =
           std::make_shared<FocusAttention>(fs, &f.routers[r], r, grads ? &(*grads)[r] : nullptr, hook);

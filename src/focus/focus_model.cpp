@@ -31,6 +31,13 @@ std::string to_string(FocusMode m) {
   return "?";
 }
 
+float FocusRouters::layer_far_mass(int64_t r) const {
+  if (r < 0 || r + routers_per_layer > (int64_t)far_mass.size()) return -1.f;
+  double sum = 0;
+  for (int64_t i = 0; i < routers_per_layer; ++i) sum += far_mass[r + i];
+  return (float)(sum / (double)routers_per_layer);
+}
+
 int64_t FocusRouters::n_params() const {
   int64_t n = 0;
   for (const auto& r : routers) n += r.size();
@@ -50,6 +57,7 @@ void check_settings(const FocusSettings& s, const ModelConfig& c, const std::str
               ": key_capacity must be >= 1 (got ", s.key_capacity, ")");
   FOCUS_CHECK(s.window_only_below >= 0.f && s.window_only_below <= 1.f, where,
               ": window_only_below must be in [0, 1] (got ", s.window_only_below, ")");
+  FOCUS_CHECK(!s.per_kv_head || s.asymmetric, where, ": routers per kv head need asymmetric routing");
   FOCUS_CHECK(s.dense_above >= 0.f && s.dense_above <= 1.f, where, ": dense_above must be in [0, 1] (got ",
               s.dense_above, ")");
   FOCUS_CHECK(s.tau > 0 && std::isfinite(s.tau), where, ": temperature must be positive");
@@ -57,6 +65,13 @@ void check_settings(const FocusSettings& s, const ModelConfig& c, const std::str
 }  // namespace
 
 namespace {
+// Tensor name prefix of router h of layer l: "layers.L." (one router per layer) or "layers.L.kv_head.H.".
+std::string router_prefix(int64_t l, int64_t h, int64_t per_layer) {
+  std::string p = "layers." + std::to_string(l) + ".";
+  if (per_layer > 1) p += "kv_head." + std::to_string(h) + ".";
+  return p;
+}
+
 // The shape of every router of a model under these settings.
 RouterConfig router_config(const ModelConfig& c, const FocusSettings& s) {
   RouterConfig rc;
@@ -75,10 +90,12 @@ FocusRouters focus_init(const ModelConfig& c, const FocusSettings& s, uint64_t s
   FocusRouters f;
   f.settings = s;
   f.router_of_layer.assign(c.layers, -1);
+  f.routers_per_layer = s.per_kv_head ? c.kv_heads : 1;
   for (int64_t l = 0; l < c.layers; ++l) {
     if (c.layer_sliding_window[l] > 0) continue;  // a sliding-window layer is already local
     f.router_of_layer[l] = (int64_t)f.routers.size();
-    f.routers.push_back(router_init(router_config(c, s), seed * 1000003ull + (uint64_t)l));
+    for (int64_t h = 0; h < f.routers_per_layer; ++h)
+      f.routers.push_back(router_init(router_config(c, s), seed * 1000003ull + (uint64_t)l + 7919ull * (uint64_t)h));
   }
   return f;
 }
@@ -90,17 +107,19 @@ void save_focus(const FocusRouters& f, const std::string& dir, const ModelConfig
   std::map<std::string, io::F32Tensor> t;
   nlohmann::json layers = nlohmann::json::array();
   for (int64_t l = 0; l < c.layers; ++l) {
-    const int64_t ri = f.router_of_layer[l];
-    if (ri < 0) continue;
-    const RouterParams& r = f.routers[ri];
-    const std::string p = "layers." + std::to_string(l) + ".";
+    const int64_t r0 = f.router_of_layer[l];
+    if (r0 < 0) continue;
+    layers.push_back(l);
+    for (int64_t h = 0; h < f.routers_per_layer; ++h) {
+    const RouterParams& r = f.routers[r0 + h];
+    const std::string p = router_prefix(l, h, f.routers_per_layer);
     const int64_t dg = r.cfg.d_g, D = r.cfg.dim, G = r.cfg.groups;
     t[p + "w_r"] = {{dg, D}, std::vector<float>(r.w_r(), r.w_r() + dg * D)};
     t[p + "centroids"] = {{G, dg}, std::vector<float>(r.centroids(), r.centroids() + G * dg)};
     t[p + "bias"] = {{G}, r.bias};
     t[p + "log_tau"] = {{1}, {std::log(r.tau())}};
     if (r.cfg.key_proj) t[p + "w_k"] = {{dg, D}, std::vector<float>(r.w_k(), r.w_k() + dg * D)};
-    layers.push_back(l);
+    }
   }
   io::save_safetensors((fs::path(dir) / "router.safetensors").string(), t, {{"format", "focus-router"}});
   const FocusSettings& s = f.settings;
@@ -121,6 +140,7 @@ void save_focus(const FocusRouters& f, const std::string& dir, const ModelConfig
                       {"routing", s.asymmetric ? "asymmetric" : "symmetric"},
                       {"layers", layers}};
   if (s.asymmetric) j["key_capacity"] = s.key_capacity;
+  if (s.per_kv_head) j["per_kv_head"] = true;
   if (!f.far_mass.empty()) j["far_mass"] = f.far_mass;
   if (s.window_only_below > 0) j["window_only_below"] = s.window_only_below;
   if (s.dense_above < 1) j["dense_above"] = s.dense_above;
@@ -163,6 +183,7 @@ FocusConfigFile read_focus_config(const std::string& dir, const ModelConfig& c) 
     s.asymmetric = routing == "asymmetric";
     s.key_capacity = j.value("key_capacity", 1.5f);
     s.window_only_below = j.value("window_only_below", 0.f);
+    s.per_kv_head = j.value("per_kv_head", false);
     s.dense_above = j.value("dense_above", 1.f);
     FOCUS_CHECK(j.at("model_dim").get<int64_t>() == c.dim && j.at("model_layers").get<int64_t>() == c.layers, jp,
                 ": routers were made for a model with dim ", j.at("model_dim"), " and ", j.at("model_layers"),
@@ -190,6 +211,7 @@ FocusRouters load_focus(const std::string& dir, const ModelConfig& c) {
   FocusRouters f;
   f.settings = s;
   f.router_of_layer.assign(c.layers, -1);
+  f.routers_per_layer = s.per_kv_head ? c.kv_heads : 1;
   FOCUS_CHECK(j.contains("layers") && j["layers"].is_array(), jp, ": 'layers' must be an array of layer ids");
   for (const auto& lv : j["layers"]) {
     FOCUS_CHECK(lv.is_number_integer(), jp, ": layer id ", lv.dump(), " is not an integer");
@@ -200,7 +222,9 @@ FocusRouters load_focus(const std::string& dir, const ModelConfig& c) {
     // sliding-window layer would be trained but never used.
     FOCUS_CHECK(c.layer_sliding_window[l] == 0, jp, ": layer ", l, " is a sliding-window layer (window ",
                 c.layer_sliding_window[l], "); routers belong on global attention layers only");
-    const std::string p = "layers." + std::to_string(l) + ".";
+    f.router_of_layer[l] = (int64_t)f.routers.size();
+    for (int64_t h = 0; h < f.routers_per_layer; ++h) {
+    const std::string p = router_prefix(l, h, f.routers_per_layer);
     RouterParams r = router_init(router_config(c, s), 0);
     auto take = [&](const std::string& name, std::vector<int64_t> shape) {
       const io::STTensor& t = st.tensor(p + name);
@@ -220,8 +244,8 @@ FocusRouters load_focus(const std::string& dir, const ModelConfig& c) {
     r.bias = take("bias", {s.groups});
     auto lt = take("log_tau", {1});
     if (s.learn_tau) r.params[r.log_tau_offset()] = lt[0];
-    f.router_of_layer[l] = (int64_t)f.routers.size();
     f.routers.push_back(std::move(r));
+    }
   }
   if (j.contains("far_mass")) {
     try {

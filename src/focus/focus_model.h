@@ -32,6 +32,9 @@ struct FocusSettings {
   // trained by distillation (train/retrofit.h). Symmetric routing is the paper's same-group rule.
   bool asymmetric = false;
   float key_capacity = 1.5f;
+  // Asymmetric routing per kv head (focus.json "per_kv_head"): each layer has one router per kv
+  // head, which routes that head's keys and the queries of its query heads.
+  bool per_kv_head = false;
   // Per-layer choice: a router layer whose measured far attention mass (FocusRouters::far_mass)
   // is below this runs the window + sinks pattern alone in hard mode (0: every layer routes).
   float window_only_below = 0.f;
@@ -42,18 +45,24 @@ struct FocusSettings {
 struct FocusRouters {
   FocusSettings settings;
   std::vector<int64_t> router_of_layer;  // per model layer: index into routers, or -1 (no Focus)
+  int64_t routers_per_layer = 1;         // kv heads with per_kv_head, else 1: routers
+                                         // router_of_layer[l] .. + routers_per_layer - 1 serve layer l
   std::vector<RouterParams> routers;
   // Per router: the frozen model's mean attention mass beyond the local window (measured while
   // training by distillation; empty when unknown).
   std::vector<float> far_mass;
   int64_t n_params() const;
-  // Whether router r runs window + sinks alone (settings.window_only_below against far_mass).
+  // The mean far mass of the routers of the layer whose first router is r (-1: not measured).
+  float layer_far_mass(int64_t r) const;
+  // Whether that layer runs window + sinks alone (settings.window_only_below against its far mass).
   bool window_only(int64_t r) const {
-    return settings.window_only_below > 0 && r < (int64_t)far_mass.size() && far_mass[r] < settings.window_only_below;
+    const float m = layer_far_mass(r);
+    return settings.window_only_below > 0 && m >= 0 && m < settings.window_only_below;
   }
-  // Whether router r keeps dense attention (settings.dense_above against far_mass).
+  // Whether that layer keeps dense attention (settings.dense_above against its far mass).
   bool stays_dense(int64_t r) const {
-    return settings.dense_above < 1 && r < (int64_t)far_mass.size() && far_mass[r] > settings.dense_above;
+    const float m = layer_far_mass(r);
+    return settings.dense_above < 1 && m >= 0 && m > settings.dense_above;
   }
 };
 

@@ -25,27 +25,40 @@ constexpr float kMinFar = 1e-6f;
 // Dense, exact attention on a router layer, and the router's distillation from it.
 class DistillAttention final : public AttentionPolicy {
  public:
-  DistillAttention(const FocusSettings& fs, const RouterParams* rp, std::vector<float>* grad, int64_t router,
-                   float loss_scale, const DistillOptions& o, DistillStats* stats)
-      : fs_(fs), rp_(rp), grad_(grad), router_(router), loss_scale_(loss_scale), o_(o), stats_(stats) {}
+  // Routers router0 .. router0 + route_heads - 1 of f (grads may be null).
+  DistillAttention(const FocusSettings& fs, const RouterParams* rp, int64_t route_heads,
+                   std::vector<std::vector<float>>* grads, int64_t router0, float loss_scale, const DistillOptions& o,
+                   DistillStats* stats)
+      : fs_(fs), rp_(rp), rh_(route_heads), grads_(grads), router0_(router0), loss_scale_(loss_scale), o_(o),
+        stats_(stats) {}
   std::string name() const override { return "focus-distill"; }
 
   void attend(const AttentionCall& a, std::unique_ptr<AttentionState>& /*state*/,
               AttentionStats* /*stats*/) const override {
     FOCUS_CHECK(a.pos0 == 0, "distillation runs on whole windows (position 0 on)");
-    const int64_t T = a.T, G = fs_.groups, H = a.cfg->heads;
+    const int64_t T = a.T, H = a.cfg->heads, HKV = a.cfg->kv_heads, Dh = a.cfg->head_dim;
     cpu::AttnShape s = layer_attn_shape(*a.cfg, a.layer, 0, T);
     std::vector<float> lse(H * T);
     cpu::flash_attention(a.q, a.k, a.v, a.out, lse.data(), s);
+    // Router r sees the heads it routes: query heads r H/RH .. and kv heads r HKV/RH ..
     s.local_window = fs_.local_window;
     s.sinks = fs_.sinks;
+    s.heads = H / rh_;
+    s.kv_heads = HKV / rh_;
+    for (int64_t r = 0; r < rh_; ++r)
+      distill_heads(a, s, a.q + r * s.heads * Dh, a.k + r * s.kv_heads * Dh, lse.data() + r * s.heads * T, r);
+  }
 
+ private:
+  void distill_heads(const AttentionCall& a, const cpu::AttnShape& s, const float* q, const float* k,
+                     const float* lse, int64_t r) const {
+    const int64_t T = a.T, G = fs_.groups;
+    const RouterParams& rp = rp_[r];
     RouterCache keys, queries;
-    router_forward(*rp_, a.xn, T, keys, RouterSide::Key);
-    router_forward(*rp_, a.xn, T, queries, RouterSide::Query);
+    router_forward(rp, a.xn, T, keys, RouterSide::Key);
+    router_forward(rp, a.xn, T, queries, RouterSide::Query);
     std::vector<float> M(T * G), far(T);
-    cpu::attention_mass_forward(a.q, a.k, lse.data(), keys.p.data(), G, s, cpu::MassHeads::Mean, M.data(),
-                                far.data());
+    cpu::attention_mass_forward(q, k, lse, keys.p.data(), G, s, cpu::MassHeads::Mean, M.data(), far.data());
 
     // Query cross-entropy and key purity, per row with far mass.
     std::vector<float> dsq(T * G, 0.f), dM(T * G, 0.f), dsk(T * G, 0.f);
@@ -57,48 +70,49 @@ class DistillAttention final : public AttentionPolicy {
       if (far[i] < kMinFar) continue;
       ++rows;
       const float* m = M.data() + i * G;
-      const float* r = queries.p.data() + i * G;
+      const float* p = queries.p.data() + i * G;
       float* dq = dsq.data() + i * G;
       float* dm = dM.data() + i * G;
       for (int64_t g = 0; g < G; ++g) {
-        ce -= (double)m[g] * std::log(std::max(r[g], 1e-30f));
-        dq[g] = loss_scale_ * (far[i] * r[g] - m[g]);
+        ce -= (double)m[g] * std::log(std::max(p[g], 1e-30f));
+        dq[g] = loss_scale_ * (far[i] * p[g] - m[g]);
         purity += (double)m[g] * m[g] / far[i];
         dm[g] = -o_.key_weight * loss_scale_ * 2.f * m[g] / far[i];
       }
-      router_topk(queries.s.data() + i * G, rp_->bias.data(), 1, G, fs_.topk, top.data());
+      router_topk(queries.s.data() + i * G, rp.bias.data(), 1, G, fs_.topk, top.data());
       for (int t = 0; t < fs_.topk; ++t) captured += m[top[t]];
       far_total += far[i];
     }
     std::vector<float> dP(T * G, 0.f);
-    cpu::attention_mass_backward(a.q, a.k, lse.data(), dM.data(), G, s, cpu::MassHeads::Mean, dP.data());
+    cpu::attention_mass_backward(q, k, lse, dM.data(), G, s, cpu::MassHeads::Mean, dP.data());
     // Balanced key groups: SwAV targets from Sinkhorn over the window's key scores.
     std::vector<float> qt(T * G);
     sinkhorn_forward(keys.s.data(), T, G, 1.0f, 3, qt.data());
-    const float swav = swav_loss_forward(keys.s.data(), rp_->bias.data(), qt.data(), T, G);
-    swav_loss_backward(keys.s.data(), rp_->bias.data(), qt.data(), T, G, o_.balance_weight * loss_scale_ * (float)T,
+    const float swav = swav_loss_forward(keys.s.data(), rp.bias.data(), qt.data(), T, G);
+    swav_loss_backward(keys.s.data(), rp.bias.data(), qt.data(), T, G, o_.balance_weight * loss_scale_ * (float)T,
                        dsk.data());
-    if (grad_) {
-      router_backward(*rp_, a.xn, keys, dP.data(), dsk.data(), grad_->data(), nullptr, RouterSide::Key);
-      router_backward(*rp_, a.xn, queries, nullptr, dsq.data(), grad_->data(), nullptr, RouterSide::Query);
+    if (grads_) {
+      float* g = (*grads_)[router0_ + r].data();
+      router_backward(rp, a.xn, keys, dP.data(), dsk.data(), g, nullptr, RouterSide::Key);
+      router_backward(rp, a.xn, queries, nullptr, dsq.data(), g, nullptr, RouterSide::Query);
     }
     if (stats_) {
       stats_->query_ce += ce;
       stats_->key_purity += purity;
       stats_->swav += swav;
       stats_->rows += rows;
-      stats_->far_sum[router_] += far_sum;
-      stats_->far_rows[router_] += T;
+      stats_->far_sum[router0_ + r] += far_sum;
+      stats_->far_rows[router0_ + r] += T;
       stats_->captured += captured;
       stats_->far_total += far_total;
     }
   }
 
- private:
   FocusSettings fs_;
   const RouterParams* rp_;
-  std::vector<float>* grad_;
-  int64_t router_;
+  int64_t rh_;
+  std::vector<std::vector<float>>* grads_;
+  int64_t router0_;
   float loss_scale_;
   DistillOptions o_;
   DistillStats* stats_;
@@ -122,7 +136,7 @@ LossGrad distill_loss_and_grad(const Model& m, const FocusRouters& f, const Trai
   for (int64_t l = 0; l < c.layers; ++l) {
     const int64_t r = f.router_of_layer[l];
     if (r < 0 || c.layer_sliding_window[l] > 0) continue;
-    plan.layers[l] = std::make_shared<DistillAttention>(f.settings, &f.routers[r], grads ? &(*grads)[r] : nullptr, r,
+    plan.layers[l] = std::make_shared<DistillAttention>(f.settings, &f.routers[r], f.routers_per_layer, grads, r,
                                                         loss_scale, o, &st);
   }
   KVCache cache;

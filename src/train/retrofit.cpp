@@ -66,7 +66,9 @@ json run_identity(const Model& m, const RetrofitOptions& o) {
             {"init", o.init},
             {"objective", o.objective}});
   if (o.objective == "distill")
-    j.update({{"key_weight", o.distill.key_weight}, {"key_capacity", o.focus.key_capacity}});
+    j.update({{"key_weight", o.distill.key_weight},
+              {"key_capacity", o.focus.key_capacity},
+              {"per_kv_head", o.focus.per_kv_head}});
   return j;
 }
 
@@ -76,6 +78,8 @@ void init_from(FocusRouters& f, const std::string& dir, const ModelConfig& c) {
   const FocusRouters g = load_focus(dir, c);
   const std::string jp = dir + "/focus.json";
   const FocusSettings &a = f.settings, &b = g.settings;
+  FOCUS_CHECK(a.asymmetric == b.asymmetric && a.per_kv_head == b.per_kv_head, jp,
+              ": --init routers are of another kind (symmetric / asymmetric, per layer / per kv head)");
   FOCUS_CHECK(a.groups == b.groups && a.dg == b.dg && a.learn_tau == b.learn_tau, jp,
               ": --init routers have groups ", b.groups, ", d_g ", b.dg, b.learn_tau ? ", learned tau" : "",
               "; this run asks for groups ", a.groups, ", d_g ", a.dg, a.learn_tau ? ", learned tau" : "");

@@ -484,6 +484,17 @@ void GroupedKeyIndex::truncate(int64_t n) {
   n_keys = n;
 }
 
+void GroupedKeyIndex::grow(int64_t G) {
+  FOCUS_CHECK(!members.empty(), "GroupedKeyIndex: grow before build or reset");
+  FOCUS_CHECK(G >= n_groups && G < (int64_t{1} << 31), "GroupedKeyIndex: cannot grow ", n_groups, " groups to ", G);
+  if (G == n_groups) return;
+  std::vector<std::vector<int32_t>> m(route_heads * G);
+  for (int64_t rh = 0; rh < route_heads; ++rh)
+    for (int64_t g = 0; g < n_groups; ++g) m[rh * G + g] = std::move(members[rh * n_groups + g]);
+  members = std::move(m);
+  n_groups = G;
+}
+
 void grouped_attention_reference(const float* q, const float* k, const float* v, float* o, float* lse,
                                  const AttnShape& s, const GroupedRouting& r) {
   check_shape(s);

@@ -59,6 +59,10 @@ struct GroupedKeyIndex {
   void append(const int32_t* key_group_rows, int64_t n_new);
   // Keeps keys 0 .. n-1 (n <= n_keys).
   void truncate(int64_t n);
+  // Raises the group count to G >= n_groups, keeping every member list: a routing whose group ids
+  // grow with the sequence (fixed-size blocks of positions) extends its index instead of
+  // rebuilding it. O(RH * G).
+  void grow(int64_t G);
   const std::vector<int32_t>& group(int64_t r, int64_t g) const { return members[r * n_groups + g]; }
 };
 

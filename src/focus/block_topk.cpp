@@ -1,0 +1,199 @@
+#include "focus/block_topk.h"
+
+#include <algorithm>
+#include <limits>
+#include <utility>
+
+#include "core/error.h"
+
+namespace focus {
+namespace {
+
+// Quest's upper bound of q.k over a block: each term is the largest q_d * k_d any key of the
+// block can reach, which is q_d times the block's max or min of dimension d by the sign of q_d.
+inline float block_bound(const float* q, const float* kmn, const float* kmx, int64_t hd) {
+  float acc = 0.f;
+#pragma omp simd reduction(+ : acc)
+  for (int64_t d = 0; d < hd; ++d) acc += std::max(q[d] * kmx[d], q[d] * kmn[d]);
+  return acc;
+}
+
+// Larger bound first; ties to the lower block index, so the choice does not depend on the order
+// the candidates were scored in.
+inline bool better(const std::pair<float, int32_t>& a, const std::pair<float, int32_t>& b) {
+  return a.first > b.first || (a.first == b.first && a.second < b.second);
+}
+
+class BlockTopKAttention final : public AttentionPolicy {
+ public:
+  explicit BlockTopKAttention(const BlockTopKSettings& s) : s_(s) {}
+  std::string name() const override { return "blocktopk"; }
+
+  void attend(const AttentionCall& a, std::unique_ptr<AttentionState>& state, AttentionStats* stats) const override {
+    const ModelConfig& c = *a.cfg;
+    const int64_t n = a.pos0 + a.T;
+    if (a.pos0 == 0 || !state) {
+      FOCUS_CHECK(a.pos0 == 0, "forward: the KV cache holds ", a.pos0, " positions but no block top-k state (layer ",
+                  a.layer, "); fill it from position 0 with the same policy");
+      auto st = std::make_unique<BlockTopKState>();
+      st->block = s_.block;
+      st->kv_heads = c.kv_heads;
+      st->head_dim = c.head_dim;
+      st->index.reset(1, 1);
+      state = std::move(st);
+    }
+    auto* st = dynamic_cast<BlockTopKState*>(state.get());
+    FOCUS_CHECK(st && st->len() == a.pos0 && st->block == s_.block && st->kv_heads == c.kv_heads &&
+                    st->head_dim == c.head_dim,
+                "forward: the KV cache of layer ", a.layer,
+                " was filled by another attention policy or holds another length");
+    st->append(a.k, c.kv_dim(), n);
+
+    if (n <= s_.window) {
+      // No key is beyond any row's window yet: the model's own kernel computes the same thing.
+      dense_attention().attend(a, state, nullptr);
+      if (stats) add_pairs(stats, a.pos0, a.T, causal_pairs(a.pos0, a.T));
+      return;
+    }
+    std::vector<int32_t> qg;
+    const int kq = select(a, *st, qg);
+    cpu::AttnShape sh = layer_attn_shape(c, a.layer, a.pos0, a.T);
+    sh.local_window = s_.window;
+    sh.sinks = s_.sinks;
+    const cpu::GroupedRouting routing{st->index.n_groups, 1, st->key_group.data(), kq, qg.data()};
+    cpu::grouped_attention(a.q, a.k, a.v, a.out, nullptr, sh, routing, st->index);
+    if (stats) add_pairs(stats, a.pos0, a.T, (double)cpu::grouped_pair_count(sh, routing) / (double)c.heads);
+  }
+
+ private:
+  static double causal_pairs(int64_t pos0, int64_t T) {
+    return (double)T * (double)pos0 + 0.5 * (double)T * (double)(T + 1);
+  }
+  static void add_pairs(AttentionStats* stats, int64_t pos0, int64_t T, double pairs) {
+    stats->computed_pairs += pairs;
+    stats->causal_pairs += causal_pairs(pos0, T);
+    stats->layers++;
+  }
+
+  // The blocks of every (row, head) into qg [T, heads, kq]; returns kq. Slot 0 holds the block of
+  // the row's last far key p - w (its keys up to p - w are far, the rest are in the window, which
+  // the kernel shows anyway); the others the top K complete blocks before it by their bound,
+  // ascending, then -1. A row with no far key beyond the sinks (p - w < S) reads nothing.
+  int select(const AttentionCall& a, const BlockTopKState& st, std::vector<int32_t>& qg) const {
+    const ModelConfig& c = *a.cfg;
+    const int64_t H = c.heads, hpk = c.heads / c.kv_heads, hd = c.head_dim, B = s_.block, w = s_.window;
+    // Blocks before lo hold sink keys only, which every row sees without reading them.
+    const int64_t lo = s_.sinks / B;
+    const int64_t last_far = a.pos0 + a.T - 1 - w;
+    const int64_t max_cand = last_far >= s_.sinks ? std::max<int64_t>(0, last_far / B - lo) : 0;
+    // No more slots than the call's rows can fill: a huge K costs nothing.
+    const int64_t K = std::min(s_.k, max_cand);
+    const int64_t kq = K + 1;
+    qg.assign(a.T * H * kq, -1);
+    const int64_t work = a.T * H * max_cand * hd;
+#pragma omp parallel if (work > (int64_t{1} << 18))
+    {
+      std::vector<std::pair<float, int32_t>> cand;
+#pragma omp for schedule(dynamic, 4)
+      for (int64_t t = 0; t < a.T; ++t) {
+        const int64_t f = a.pos0 + t - w;
+        if (f < s_.sinks) continue;
+        const int64_t cur = f / B, nb = cur - lo;
+        for (int64_t h = 0; h < H; ++h) {
+          int32_t* slots = qg.data() + (t * H + h) * kq;
+          slots[0] = (int32_t)cur;
+          if (nb <= K) {  // every candidate fits
+            for (int64_t b = lo; b < cur; ++b) slots[1 + b - lo] = (int32_t)b;
+            continue;
+          }
+          if (K == 0) continue;
+          const float* qr = a.q + t * c.q_dim() + h * hd;
+          const int64_t off = (h / hpk) * hd;
+          cand.resize(nb);
+          for (int64_t b = lo; b < cur; ++b) {
+            const int64_t at = b * c.kv_heads * hd + off;
+            cand[b - lo] = {block_bound(qr, st.kmin.data() + at, st.kmax.data() + at, hd), (int32_t)b};
+          }
+          std::nth_element(cand.begin(), cand.begin() + (K - 1), cand.end(), better);
+          std::sort(cand.begin(), cand.begin() + K,
+                    [](const auto& x, const auto& y) { return x.second < y.second; });
+          for (int64_t i = 0; i < K; ++i) slots[1 + i] = cand[i].second;
+        }
+      }
+    }
+    return (int)kq;
+  }
+
+  BlockTopKSettings s_;
+};
+
+}  // namespace
+
+void BlockTopKState::append(const float* k, int64_t kv_stride, int64_t n) {
+  const int64_t n0 = len(), B = block, kvd = kv_heads * head_dim;
+  if (n <= n0) return;
+  // The kernel's key groups and their index, grown (not rebuilt) when the keys reach a new block.
+  std::vector<int32_t> kg(n - n0);
+  for (int64_t j = n0; j < n; ++j) kg[j - n0] = (int32_t)(j / B);
+  const int64_t G = (n + B - 1) / B;
+  if (G > index.n_groups) {
+    index.grow(G);
+    index_grows++;
+  }
+  index.append(kg.data(), n - n0);
+  key_group.insert(key_group.end(), kg.begin(), kg.end());
+  // Bounds of the blocks completed by these keys (earlier complete blocks never change).
+  const int64_t b0 = complete_blocks(), b1 = n / B;
+  kmin.resize(b1 * kvd, std::numeric_limits<float>::infinity());
+  kmax.resize(b1 * kvd, -std::numeric_limits<float>::infinity());
+  for (int64_t b = b0; b < b1; ++b) {
+    float* mn = kmin.data() + b * kvd;
+    float* mx = kmax.data() + b * kvd;
+    for (int64_t j = b * B; j < (b + 1) * B; ++j) {
+      const float* kr = k + j * kv_stride;
+      for (int64_t d = 0; d < kvd; ++d) {
+        mn[d] = std::min(mn[d], kr[d]);
+        mx[d] = std::max(mx[d], kr[d]);
+      }
+    }
+  }
+}
+
+void BlockTopKState::truncate(int64_t n) {
+  if (n >= len()) return;
+  key_group.resize(n);
+  index.truncate(n);
+  // A block cut short is no longer complete: its bounds go, to be made again from its new keys.
+  const int64_t keep = (n / block) * kv_heads * head_dim;
+  if ((int64_t)kmin.size() > keep) {
+    kmin.resize(keep);
+    kmax.resize(keep);
+  }
+}
+
+BlockTopKSettings block_topk_settings(const AttentionOptions& o) {
+  BlockTopKSettings s;
+  s.block = o.get_int("block", s.block);
+  s.k = o.get_int("k", s.k);
+  s.window = o.get_int("window", s.window);
+  s.sinks = o.get_int("sinks", s.sinks);
+  FOCUS_CHECK(s.block >= 1 && s.block < (int64_t{1} << 30), "blocktopk: block must be at least 1, got ", s.block);
+  FOCUS_CHECK(s.k >= 0, "blocktopk: k must be at least 0, got ", s.k);
+  FOCUS_CHECK(s.window >= 1, "blocktopk: window must be at least 1, got ", s.window);
+  FOCUS_CHECK(s.sinks >= 0, "blocktopk: sinks must be at least 0, got ", s.sinks);
+  return s;
+}
+
+std::shared_ptr<const AttentionPolicy> block_topk_attention(const BlockTopKSettings& s) {
+  return std::make_shared<BlockTopKAttention>(s);
+}
+
+namespace {
+// Each global layer gets an instance of its own (it holds the settings only).
+const bool registered = register_attention_policy(
+    "blocktopk", [](const ModelConfig&, int64_t, const AttentionOptions& o) {
+      return block_topk_attention(block_topk_settings(o));
+    });
+}  // namespace
+
+}  // namespace focus

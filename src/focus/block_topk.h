@@ -1,0 +1,54 @@
+// Block top-k attention, the training-free baseline in the manner of Quest: keys are cut into
+// blocks of B consecutive positions, and each (query row, query head) reads, beyond its local
+// window and the sinks, the block that holds its last far key plus the K complete far blocks
+// with the largest upper bound of q.k,
+//   bound(q, b) = sum_d max(q_d * kmax_b,d, q_d * kmin_b,d),
+// where kmin_b and kmax_b are the elementwise minimum and maximum of block b's keys (after RoPE,
+// per kv head). Ties go to the lower block index.
+//
+// Registered as the attention policy "blocktopk" with the options block (B, default 64), k (K,
+// default 8), window (w, default 256) and sinks (S, default 1), e.g.
+//   focus eval --attention blocktopk:block=64,k=8,window=256,sinks=1
+// It runs on the grouped kernel (kernels/cpu/grouped_attention.h): key j is in group j / B, and a
+// row's group list is its blocks. Only complete blocks are scored, so a block's bounds never
+// change once it exists: prefill, chunked prefill and token-by-token decoding route alike.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "kernels/cpu/grouped_attention.h"
+#include "model/attention.h"
+
+namespace focus {
+
+struct BlockTopKSettings {
+  int64_t block = 64;    // B: key j is in block j / B
+  int64_t k = 8;         // K: far blocks chosen by their bound, besides the forced current one
+  int64_t window = 256;  // w: keys p - w < j <= p are always visible
+  int64_t sinks = 1;     // S: keys j < S are always visible
+};
+
+// The settings of a spec's options (block, k, window, sinks); throws focus::Error naming a bad one.
+BlockTopKSettings block_topk_settings(const AttentionOptions& options);
+
+// The policy itself, shared by every layer it runs on.
+std::shared_ptr<const AttentionPolicy> block_topk_attention(const BlockTopKSettings& s);
+
+// What the policy keeps about one layer's cached keys: their blocks (the kernel's key groups and
+// the index of their members) and the bounds of every complete block.
+struct BlockTopKState final : AttentionState {
+  int64_t block = 0, kv_heads = 0, head_dim = 0;
+  std::vector<int32_t> key_group;  // [len] j / block
+  cpu::GroupedKeyIndex index;      // grows with the sequence, never rebuilt
+  std::vector<float> kmin, kmax;   // [complete blocks, kv_heads, head_dim]
+  int64_t index_grows = 0;         // how often the index gained groups (once per new block at most)
+
+  int64_t len() const { return (int64_t)key_group.size(); }
+  int64_t complete_blocks() const { return (int64_t)kmin.size() / (kv_heads * head_dim); }
+  // Takes in keys len() .. n-1 of k ([n, kv_heads * head_dim] rows kv_stride apart).
+  void append(const float* k, int64_t kv_stride, int64_t n);
+  void truncate(int64_t n) override;
+};
+
+}  // namespace focus

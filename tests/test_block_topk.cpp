@@ -1,0 +1,265 @@
+// Block top-k attention (focus/block_topk.h): the policy against a brute-force computation of its
+// definition, against dense attention when it reads every block, token by token against one call,
+// causality, and its options.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/error.h"
+#include "focus/block_topk.h"
+#include "model/attention.h"
+#include "test_models.h"
+
+using namespace focus;
+using focus::test::random_model;
+using focus::test::random_normal;
+using focus::test::window_of;
+
+namespace {
+
+// One global layer of 4 query heads on 2 kv heads of 8 dimensions.
+ModelConfig small_config() {
+  ModelConfig c;
+  c.layers = 1;
+  c.heads = 4;
+  c.kv_heads = 2;
+  c.head_dim = 8;
+  c.attn_scale = 1.f / std::sqrt(8.f);
+  c.layer_sliding_window = {0};
+  return c;
+}
+
+// The definition, in double: the blocks row p of head h reads (empty when p - w < S); counts in
+// *choices the rows with more candidate blocks than K.
+std::vector<int64_t> reference_blocks(const std::vector<float>& q, const std::vector<float>& k, const ModelConfig& c,
+                                      const BlockTopKSettings& s, int64_t p, int64_t h, int64_t* choices) {
+  const int64_t f = p - s.window, B = s.block, hd = c.head_dim, g = h / (c.heads / c.kv_heads);
+  if (f < s.sinks) return {};
+  const int64_t cur = f / B;
+  std::vector<std::pair<double, int64_t>> cand;
+  for (int64_t b = 0; b < cur; ++b) {
+    if ((b + 1) * B - 1 < s.sinks) continue;  // sink keys only
+    double bound = 0;
+    for (int64_t d = 0; d < hd; ++d) {
+      double mn = INFINITY, mx = -INFINITY;
+      for (int64_t j = b * B; j < (b + 1) * B; ++j) {
+        const double x = k[j * c.kv_dim() + g * hd + d];
+        mn = std::min(mn, x);
+        mx = std::max(mx, x);
+      }
+      const double qd = q[p * c.q_dim() + h * hd + d];
+      bound += std::max(qd * mn, qd * mx);
+    }
+    cand.push_back({bound, b});
+  }
+  std::sort(cand.begin(), cand.end(),
+            [](const auto& x, const auto& y) { return x.first > y.first || (x.first == y.first && x.second < y.second); });
+  if ((int64_t)cand.size() > s.k) ++*choices;
+  std::vector<int64_t> blocks{cur};
+  for (int64_t i = 0; i < std::min<int64_t>(s.k, (int64_t)cand.size()); ++i) blocks.push_back(cand[i].second);
+  return blocks;
+}
+
+// Softmax over the visible keys of every (row, head), in double.
+std::vector<double> reference_attention(const std::vector<float>& q, const std::vector<float>& k,
+                                        const std::vector<float>& v, const ModelConfig& c, const BlockTopKSettings& s,
+                                        int64_t n, int64_t* choices) {
+  const int64_t hd = c.head_dim, hpk = c.heads / c.kv_heads;
+  std::vector<double> o(n * c.q_dim(), 0.0);
+  for (int64_t p = 0; p < n; ++p)
+    for (int64_t h = 0; h < c.heads; ++h) {
+      const std::vector<int64_t> blocks = reference_blocks(q, k, c, s, p, h, choices);
+      std::vector<double> sc(p + 1, -INFINITY);
+      double mx = -INFINITY;
+      for (int64_t j = 0; j <= p; ++j) {
+        const bool vis = p - j < s.window || j < s.sinks ||
+                         std::find(blocks.begin(), blocks.end(), j / s.block) != blocks.end();
+        if (!vis) continue;
+        double d = 0;
+        for (int64_t y = 0; y < hd; ++y)
+          d += (double)q[p * c.q_dim() + h * hd + y] * k[j * c.kv_dim() + (h / hpk) * hd + y];
+        sc[j] = d * c.attn_scale;
+        mx = std::max(mx, sc[j]);
+      }
+      double sum = 0;
+      for (int64_t j = 0; j <= p; ++j) {
+        if (sc[j] == -INFINITY) continue;
+        const double e = std::exp(sc[j] - mx);
+        sum += e;
+        for (int64_t y = 0; y < hd; ++y) o[p * c.q_dim() + h * hd + y] += e * v[j * c.kv_dim() + (h / hpk) * hd + y];
+      }
+      for (int64_t y = 0; y < hd; ++y) o[p * c.q_dim() + h * hd + y] /= sum;
+    }
+  return o;
+}
+
+std::vector<float> hidden_of(const Model& m, const std::vector<int32_t>& ids, const AttentionPlan* plan,
+                             AttentionStats* st = nullptr) {
+  KVCache c;
+  c.init(m.cfg, (int64_t)ids.size());
+  std::vector<float> h(ids.size() * m.cfg.dim);
+  forward(m, ids.data(), (int64_t)ids.size(), c, h.data(), plan, st);
+  return h;
+}
+
+double max_abs_diff(const std::vector<float>& a, const std::vector<float>& b, size_t from = 0, size_t to = SIZE_MAX) {
+  double e = 0;
+  for (size_t i = from; i < std::min(a.size(), to); ++i) e = std::max(e, (double)std::fabs(a[i] - b[i]));
+  return e;
+}
+
+std::string error_of(const ModelConfig& c, const std::string& spec) {
+  try {
+    make_attention_plan(c, spec);
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+}  // namespace
+
+// The policy's output equals the definition computed by brute force, over a prefill chunk, a
+// one-row chunk (the gathered decoding path) and a longer chunk from the cache (the tiled path).
+TEST(BlockTopK, MatchesBruteForceDefinition) {
+  const ModelConfig c = small_config();
+  const int64_t n = 90;
+  const auto q = random_normal(n * c.q_dim(), 1, 1.f);
+  const auto k = random_normal(n * c.kv_dim(), 2, 1.f);
+  const auto v = random_normal(n * c.kv_dim(), 3, 1.f);
+  const std::vector<BlockTopKSettings> cases = {
+      {4, 2, 5, 1}, {8, 1, 3, 0}, {5, 3, 10, 7}, {1, 4, 2, 2}, {16, 0, 4, 1}, {3, 100, 6, 1}, {7, 2, 1, 20}};
+  for (const BlockTopKSettings& s : cases) {
+    SCOPED_TRACE("block " + std::to_string(s.block) + " k " + std::to_string(s.k) + " window " +
+                 std::to_string(s.window) + " sinks " + std::to_string(s.sinks));
+    const auto policy = block_topk_attention(s);
+    std::unique_ptr<AttentionState> state;
+    std::vector<float> out(n * c.q_dim(), 0.f);
+    for (auto [pos0, T] : {std::pair<int64_t, int64_t>{0, 37}, {37, 1}, {38, n - 38}}) {
+      AttentionCall a;
+      a.cfg = &c;
+      a.pos0 = pos0;
+      a.T = T;
+      a.q = q.data() + pos0 * c.q_dim();
+      a.k = k.data();
+      a.v = v.data();
+      a.out = out.data() + pos0 * c.q_dim();
+      policy->attend(a, state, nullptr);
+    }
+    int64_t choices = 0;
+    const auto ref = reference_attention(q, k, v, c, s, n, &choices);
+    if (s.k < 10) {
+      EXPECT_GT(choices, 0) << "the bound really chooses";
+    }
+    // Float scores and float accumulation of at most 90 probability-weighted O(1) values: errors
+    // stay near 1e-6 of the output's scale.
+    double err = 0;
+    for (int64_t i = 0; i < n * c.q_dim(); ++i) err = std::max(err, std::fabs(out[i] - ref[i]) / (1 + std::fabs(ref[i])));
+    EXPECT_LT(err, 1e-5);
+  }
+}
+
+// K large enough to read every block: dense causal attention, at density one.
+TEST(BlockTopK, ReadingEveryBlockIsDense) {
+  for (Arch arch : {Arch::Llama, Arch::GPT2, Arch::Gemma3}) {
+    auto m = random_model(arch, 21);
+    const std::vector<int32_t> ids = window_of(60, m->cfg.vocab, 9).ids;
+    const AttentionPlan plan = make_attention_plan(m->cfg, "blocktopk:block=4,k=100,window=3,sinks=1");
+    AttentionStats st;
+    const auto a = hidden_of(*m, ids, &plan, &st);
+    EXPECT_LT(max_abs_diff(a, hidden_of(*m, ids, nullptr)), 1e-4);
+    EXPECT_GT(st.layers, 0);
+    EXPECT_NEAR(st.density(), 1.0, 1e-12);
+  }
+}
+
+// A sparse pattern: token by token from the cache (with a rollback into the middle of a block in
+// between) equals one call, the index grows once per new block instead of being rebuilt, and a
+// prefix alone equals the first rows of the full run (causality).
+TEST(BlockTopK, DecodesLikePrefillAndIsCausal) {
+  auto m = random_model(Arch::Llama, 22);
+  const int64_t n = 60, D = m->cfg.dim, B = 4;
+  const std::vector<int32_t> ids = window_of(n, m->cfg.vocab, 10).ids;
+  const AttentionPlan plan = make_attention_plan(m->cfg, "blocktopk:block=4,k=2,window=6,sinks=1");
+  AttentionStats st;
+  const auto full = hidden_of(*m, ids, &plan, &st);
+  EXPECT_LT(st.density(), 0.8);
+  EXPECT_GT(max_abs_diff(full, hidden_of(*m, ids, nullptr)), 1e-3);  // the pattern really is sparse
+
+  KVCache c;
+  c.init(m->cfg, n);
+  std::vector<float> h(n * D);
+  forward(*m, ids.data(), 30, c, h.data(), &plan);
+  c.truncate(22);
+  for (int64_t i = 22; i < n; ++i) forward(*m, ids.data() + i, 1, c, h.data() + i * D, &plan);
+  EXPECT_LT(max_abs_diff(h, full), 1e-5);
+  for (int64_t l = 0; l < m->cfg.layers; ++l) {
+    const auto* bs = dynamic_cast<const BlockTopKState*>(c.state[l].get());
+    ASSERT_NE(bs, nullptr);
+    EXPECT_EQ(bs->len(), n);
+    EXPECT_EQ(bs->complete_blocks(), n / B);
+    EXPECT_EQ(bs->index.n_groups, n / B);
+    // One grow for the prefill, then one per block the decoding reached beyond it.
+    EXPECT_EQ(bs->index_grows, 1 + (n + B - 1) / B - (30 + B - 1) / B);
+  }
+
+  // Chunked prefill from the cache, too.
+  KVCache c2;
+  c2.init(m->cfg, n);
+  std::vector<float> h2(n * D);
+  forward(*m, ids.data(), 25, c2, h2.data(), &plan);
+  forward(*m, ids.data() + 25, n - 25, c2, h2.data() + 25 * D, &plan);
+  EXPECT_LT(max_abs_diff(h2, full), 1e-5);
+
+  const std::vector<int32_t> prefix(ids.begin(), ids.begin() + 40);
+  EXPECT_LT(max_abs_diff(hidden_of(*m, prefix, &plan), full, 0, 40 * D), 1e-5);
+}
+
+// Growing an index keeps every member list, under each routing head.
+TEST(BlockTopK, KeyIndexGrowsInPlace) {
+  cpu::GroupedKeyIndex idx;
+  idx.reset(2, 2);
+  const std::vector<int32_t> kg = {0, 1, 1, 0, 1, 0, 0, 1};  // [RH = 2, 4 keys]
+  idx.append(kg.data(), 4);
+  idx.grow(5);
+  EXPECT_EQ(idx.n_groups, 5);
+  EXPECT_EQ(idx.group(0, 0), (std::vector<int32_t>{0, 3}));
+  EXPECT_EQ(idx.group(0, 1), (std::vector<int32_t>{1, 2}));
+  EXPECT_EQ(idx.group(1, 0), (std::vector<int32_t>{1, 2}));
+  EXPECT_EQ(idx.group(1, 1), (std::vector<int32_t>{0, 3}));
+  const std::vector<int32_t> more = {4, 4};
+  idx.append(more.data(), 1);
+  EXPECT_EQ(idx.group(1, 4), (std::vector<int32_t>{4}));
+  EXPECT_THROW(idx.grow(3), Error);
+}
+
+// Options: the defaults, and an unknown option or a bad value is an error naming it.
+TEST(BlockTopK, OptionsAreCheckedByName) {
+  const ModelConfig c = small_config();
+  const auto names = registered_attention_policies();
+  EXPECT_NE(std::find(names.begin(), names.end(), "blocktopk"), names.end());
+  EXPECT_EQ(make_attention_plan(c, "blocktopk").at(0).name(), "blocktopk");
+  const BlockTopKSettings d = block_topk_settings(AttentionOptions::parse("", "blocktopk"));
+  EXPECT_EQ(d.block, 64);
+  EXPECT_EQ(d.k, 8);
+  EXPECT_EQ(d.window, 256);
+  EXPECT_EQ(d.sinks, 1);
+  const BlockTopKSettings s = block_topk_settings(
+      AttentionOptions::parse("block=32,k=0,window=1,sinks=0", "blocktopk:block=32,k=0,window=1,sinks=0"));
+  EXPECT_EQ(s.block, 32);
+  EXPECT_EQ(s.k, 0);
+  EXPECT_EQ(s.window, 1);
+  EXPECT_EQ(s.sinks, 0);
+  const std::vector<std::pair<std::string, std::string>> bad = {
+      {"blocktopk:blocks=64", "blocks"}, {"blocktopk:block=0", "block must"},    {"blocktopk:k=-1", "k must"},
+      {"blocktopk:window=0", "window must"},  {"blocktopk:sinks=-1", "sinks must"},  {"blocktopk:k=x", "k must be an integer"},
+      {"blocktopk:block=64,topk=8", "topk"}};
+  for (const auto& [spec, word] : bad) {
+    const std::string e = error_of(c, spec);
+    EXPECT_NE(e.find(word), std::string::npos) << spec << ": '" << e << "'";
+  }
+}

@@ -17,6 +17,8 @@ void FocusFlags::add(CLI::App* app) {
   app->add_option("--window-only-below", window_only_below,
                   "layers whose measured far attention mass (focus.json far_mass) is below this run window + sinks only");
   app->add_option("--dense-above", dense_above, "layers whose measured far attention mass is above this stay dense");
+  app->add_flag("--topk-by-mass", topk_by_mass,
+                "asymmetric routers: each layer reads topk * (its far mass / the mean far mass) groups");
   app->add_option("--window", window, "Focus local window (default 64)");
   app->add_option("--sinks", sinks, "sink tokens visible to all (default 1)");
   app->add_option("--groups", groups, "groups G for a random router");
@@ -28,7 +30,8 @@ void FocusFlags::add(CLI::App* app) {
 void FocusFlags::check() const {
   if (dir.empty()) {
     for (const char* f : {"--mode", "--topk", "--window", "--sinks", "--groups", "--dg", "--tau", "--router-seed",
-                          "--routing", "--key-capacity", "--window-only-below", "--dense-above"})
+                          "--routing", "--key-capacity", "--window-only-below", "--dense-above",
+                          "--topk-by-mass"})
       FOCUS_CHECK(!given(f), f, " needs --focus DIR (or --focus random)");
   } else if (dir != "random") {
     for (const char* f : {"--groups", "--dg", "--tau", "--router-seed", "--routing"})
@@ -62,6 +65,7 @@ std::unique_ptr<FocusRouters> FocusFlags::make(const Model& m) const {
   if (key_capacity >= 0) f->settings.key_capacity = key_capacity;
   if (window_only_below >= 0) f->settings.window_only_below = window_only_below;
   if (dense_above >= 0) f->settings.dense_above = dense_above;
+  if (topk_by_mass) f->settings.topk_by_mass = true;
   FOCUS_CHECK(f->settings.local_window >= 1, "--window must be >= 1");
   FOCUS_CHECK(f->settings.topk >= 1 && (f->settings.asymmetric || f->settings.topk <= 2) &&
                   f->settings.topk <= f->settings.groups,

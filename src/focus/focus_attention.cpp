@@ -309,8 +309,11 @@ AttentionPlan make_plan(const ModelConfig& c, const FocusRouters& f, FocusMode m
     if (mode == FocusMode::Hard && f.stays_dense(r)) continue;  // the model's own attention
     if (window || (mode == FocusMode::Hard && f.window_only(r)))
       plan.layers[l] = window ? window : std::make_shared<WindowAttention>(fs);
-    else if (fs.asymmetric)
-      plan.layers[l] = std::make_shared<AsymmetricFocusAttention>(fs, &f.routers[r], f.routers_per_layer);
+    else if (fs.asymmetric) {
+      FocusSettings fl = fs;
+      fl.topk = f.layer_topk(r);
+      plan.layers[l] = std::make_shared<AsymmetricFocusAttention>(fl, &f.routers[r], f.routers_per_layer);
+    }
     else
       plan.layers[l] =
           std::make_shared<FocusAttention>(fs, &f.routers[r], r, grads ? &(*grads)[r] : nullptr, hook);

@@ -1,5 +1,6 @@
 #include "focus/focus_model.h"
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <nlohmann/json.hpp>
@@ -36,6 +37,22 @@ float FocusRouters::layer_far_mass(int64_t r) const {
   double sum = 0;
   for (int64_t i = 0; i < routers_per_layer; ++i) sum += far_mass[r + i];
   return (float)(sum / (double)routers_per_layer);
+}
+
+int FocusRouters::layer_topk(int64_t r) const {
+  const float m = layer_far_mass(r);
+  if (!settings.topk_by_mass || !settings.asymmetric || m < 0) return settings.topk;
+  double sum = 0;
+  int64_t n = 0;
+  for (size_t l = 0; l < router_of_layer.size(); ++l) {
+    const int64_t r0 = router_of_layer[l];
+    if (r0 < 0 || window_only(r0) || stays_dense(r0)) continue;
+    sum += layer_far_mass(r0);
+    ++n;
+  }
+  if (n == 0 || sum <= 0) return settings.topk;
+  const double k = std::round((double)settings.topk * m / (sum / (double)n));
+  return (int)std::clamp<double>(k, 1.0, (double)settings.groups);
 }
 
 int64_t FocusRouters::n_params() const {
@@ -141,6 +158,7 @@ void save_focus(const FocusRouters& f, const std::string& dir, const ModelConfig
                       {"layers", layers}};
   if (s.asymmetric) j["key_capacity"] = s.key_capacity;
   if (s.per_kv_head) j["per_kv_head"] = true;
+  if (s.topk_by_mass) j["topk_by_mass"] = true;
   if (!f.far_mass.empty()) j["far_mass"] = f.far_mass;
   if (s.window_only_below > 0) j["window_only_below"] = s.window_only_below;
   if (s.dense_above < 1) j["dense_above"] = s.dense_above;
@@ -184,6 +202,7 @@ FocusConfigFile read_focus_config(const std::string& dir, const ModelConfig& c) 
     s.key_capacity = j.value("key_capacity", 1.5f);
     s.window_only_below = j.value("window_only_below", 0.f);
     s.per_kv_head = j.value("per_kv_head", false);
+    s.topk_by_mass = j.value("topk_by_mass", false);
     s.dense_above = j.value("dense_above", 1.f);
     FOCUS_CHECK(j.at("model_dim").get<int64_t>() == c.dim && j.at("model_layers").get<int64_t>() == c.layers, jp,
                 ": routers were made for a model with dim ", j.at("model_dim"), " and ", j.at("model_layers"),

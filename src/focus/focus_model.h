@@ -40,6 +40,10 @@ struct FocusSettings {
   float window_only_below = 0.f;
   // ... and one whose far mass is above this keeps the model's dense attention (1: none does).
   float dense_above = 1.f;
+  // Asymmetric hard mode: spread the queries' groups over the layers by measured far mass,
+  // k_l = round(topk * far_l / mean far) in [1, G] (the mean over the layers that route), so
+  // layers that attend far read more groups and the others fewer, at about the same mean k.
+  bool topk_by_mass = false;
 };
 
 struct FocusRouters {
@@ -59,6 +63,8 @@ struct FocusRouters {
     const float m = layer_far_mass(r);
     return settings.window_only_below > 0 && m >= 0 && m < settings.window_only_below;
   }
+  // The groups a query of that layer reads: settings.topk, or its share by far mass.
+  int layer_topk(int64_t r) const;
   // Whether that layer keeps dense attention (settings.dense_above against its far mass).
   bool stays_dense(int64_t r) const {
     const float m = layer_far_mass(r);

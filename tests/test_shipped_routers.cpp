@@ -1,0 +1,95 @@
+// The routers shipped in routers/smollm2-books on the real SmolLM2: zero degradation inside the
+// local window (identical outputs), causality (tokens appended later change no earlier output),
+// decoding from the cache equal to one call, and a sparse pattern beyond the window.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "focus/focus_attention.h"
+#include "focus/focus_model.h"
+#include "io/text.h"
+#include "model/model.h"
+#include "test_util.h"
+
+using namespace focus;
+using focus::test::smollm2_path;
+
+namespace {
+
+std::string shipped() { return std::string(FOCUS_SOURCE_DIR) + "/routers/smollm2-books"; }
+
+std::vector<float> hidden_of(const Model& m, const std::vector<int32_t>& ids, const AttentionPlan* plan,
+                             AttentionStats* st = nullptr) {
+  KVCache c;
+  c.init(m.cfg, (int64_t)ids.size());
+  std::vector<float> h(ids.size() * m.cfg.dim);
+  forward(m, ids.data(), (int64_t)ids.size(), c, h.data(), plan, st);
+  return h;
+}
+
+struct Shipped {
+  std::unique_ptr<Model> m;
+  FocusRouters f;
+  AttentionPlan plan;
+  std::vector<int32_t> ids;
+};
+
+Shipped load_shipped(int64_t n_tokens) {
+  Shipped s;
+  s.m = load_model(smollm2_path(), LoadOptions{});
+  s.f = load_focus(shipped(), s.m->cfg);
+  s.f.settings.mode = FocusMode::Hard;
+  s.plan = focus_plan(s.m->cfg, s.f);
+  s.ids = io::load_text_tokens(*s.m->tok, {test::book("pg-345-dracula.txt")}, n_tokens);
+  return s;
+}
+
+}  // namespace
+
+TEST(ShippedRouters, IdenticalInsideTheWindow) {
+  FOCUS_NEED_FILE(smollm2_path());
+  FOCUS_NEED_FILE(test::book("pg-345-dracula.txt"));
+  Shipped s = load_shipped(2000);
+  const int64_t w = s.f.settings.local_window;
+  ASSERT_GT(w, 16);
+  const std::vector<int32_t> ids(s.ids.begin(), s.ids.begin() + w);
+  const auto focus = hidden_of(*s.m, ids, &s.plan);
+  const auto dense = hidden_of(*s.m, ids, nullptr);
+  ASSERT_EQ(focus.size(), dense.size());
+  for (size_t i = 0; i < focus.size(); ++i) ASSERT_EQ(focus[i], dense[i]) << "at " << i;
+}
+
+TEST(ShippedRouters, SparseCausalAndDecodesLikePrefill) {
+  FOCUS_NEED_FILE(smollm2_path());
+  FOCUS_NEED_FILE(test::book("pg-345-dracula.txt"));
+  Shipped s = load_shipped(2000);
+  const int64_t n = 3 * s.f.settings.local_window, D = s.m->cfg.dim, cut = 2 * s.f.settings.local_window;
+  const std::vector<int32_t> ids(s.ids.begin(), s.ids.begin() + n);
+  AttentionStats st;
+  const auto full = hidden_of(*s.m, ids, &s.plan, &st);
+  EXPECT_LT(st.density(), 0.9);
+  const auto dense = hidden_of(*s.m, ids, nullptr);
+  double diff = 0;
+  for (size_t i = (size_t)(2 * s.f.settings.local_window * D); i < full.size(); ++i)
+    diff = std::max(diff, (double)std::fabs(full[i] - dense[i]));
+  EXPECT_GT(diff, 1e-3) << "beyond the window the pattern is sparse";
+
+  // Causal: the first `cut` tokens alone give the same rows.
+  const std::vector<int32_t> prefix(ids.begin(), ids.begin() + cut);
+  const auto pre = hidden_of(*s.m, prefix, &s.plan);
+  double err = 0;
+  for (size_t i = 0; i < pre.size(); ++i) err = std::max(err, (double)std::fabs(pre[i] - full[i]));
+  EXPECT_LT(err, 1e-4);
+
+  // Decoding the last 16 tokens one at a time from the cache.
+  KVCache c;
+  c.init(s.m->cfg, n);
+  std::vector<float> h(n * D);
+  forward(*s.m, ids.data(), n - 16, c, h.data(), &s.plan);
+  for (int64_t i = n - 16; i < n; ++i) forward(*s.m, ids.data() + i, 1, c, h.data() + i * D, &s.plan);
+  double dec = 0;
+  for (int64_t i = (n - 16) * D; i < n * D; ++i) dec = std::max(dec, (double)std::fabs(h[i] - full[i]));
+  EXPECT_LT(dec, 1e-3);
+}

@@ -89,10 +89,12 @@ void check_block(const Model& m, FocusRouters f, const test::Win& w, const Disti
 // targets are held fixed, which a finite difference would not do).
 TEST(Distill, RouterGradientsMatchFiniteDifferences) {
   for (Arch arch : {Arch::Llama, Arch::GPT2}) {
-    for (bool per_kv_head : {false, true}) {
+    for (int variant = 0; variant < 3; ++variant) {
+    const bool per_kv_head = variant >= 1;
     auto m = random_model(arch, 11);
     FocusSettings st = asym_settings(4, 2, 5);
     st.per_kv_head = per_kv_head;
+    st.route_on_qk = variant == 2;
     const FocusRouters f = focus_init(m->cfg, st, 3);
     EXPECT_EQ((int64_t)f.routers.size(), m->cfg.layers * (per_kv_head ? m->cfg.kv_heads : 1));
     const test::Win w = window_of(40, m->cfg.vocab, 5);
@@ -150,12 +152,14 @@ TEST(AsymmetricRouting, ReadingEveryGroupIsDense) {
 // cache (with a rollback in between) as in one call, and causal: tokens appended later change
 // no earlier output. The key groups keep within key_capacity of the mean load.
 TEST(AsymmetricRouting, SparseDecodesLikePrefillAndIsCausal) {
-  for (bool per_kv_head : {false, true}) {
-  SCOPED_TRACE(per_kv_head ? "per kv head" : "per layer");
+  for (int variant = 0; variant < 3; ++variant) {
+  const bool per_kv_head = variant >= 1;
+  SCOPED_TRACE(variant == 2 ? "per kv head, on q and k" : per_kv_head ? "per kv head" : "per layer");
   auto m = random_model(Arch::Llama, 14);
   FocusSettings s = asym_settings(4, 1, 3);
   s.key_capacity = 1.25f;
   s.per_kv_head = per_kv_head;
+  s.route_on_qk = variant == 2;
   const FocusRouters f = focus_init(m->cfg, s, 6);
   const int64_t n = 60, D = m->cfg.dim;
   const std::vector<int32_t> ids = window_of(n, m->cfg.vocab, 8).ids;

@@ -98,6 +98,8 @@ Command add_retrofit(CLI::App& app) {
                   "lm: the language-model loss through soft attention; distill: asymmetric routers taught the "
                   "frozen model's attention mass by group (dense forward, SwAV-balanced keys)")
       ->check(CLI::IsMember({"lm", "distill"}));
+  sub->add_flag("--route-on-qk", o.focus.route_on_qk,
+                "distill: routers read the rotated query and key vectors (width head_dim) instead of the hidden state");
   sub->add_flag("--per-kv-head", o.focus.per_kv_head, "distill: one router per kv head (its query heads follow it)");
   sub->add_option("--key-weight", o.distill.key_weight, "distill: weight of the key purity term");
   sub->add_option("--key-capacity", o.focus.key_capacity,

@@ -229,9 +229,10 @@ class AsymmetricFocusAttention final : public AttentionPolicy {
     // Keys: the best group with room, room = key_capacity times the mean load of the keys so far
     // (a key's group depends on the keys before it only: causal).
     std::vector<int32_t> kg(RH * T);  // [RH, T]
+    std::vector<float> in;
     for (int64_t r = 0; r < RH; ++r) {
       RouterCache kc;
-      router_forward(rp_[r], a.xn, T, kc, RouterSide::Key);
+      router_forward(rp_[r], router_input(a, fs_, r, RH, RouterSide::Key, in), T, kc, RouterSide::Key);
       const float* bias = rp_[r].bias.data();
       int64_t* load = ks->load.data() + r * G;
       for (int64_t t = 0; t < T; ++t) {
@@ -259,7 +260,8 @@ class AsymmetricFocusAttention final : public AttentionPolicy {
     std::vector<int32_t> top(T * k), qg(T * c.heads * k);
     for (int64_t r = 0; r < RH; ++r) {
       RouterCache qc;
-      router_forward(rp_[r], a.xn, T, qc, RouterSide::Query);
+      std::vector<float> in;
+      router_forward(rp_[r], router_input(a, fs_, r, RH, RouterSide::Query, in), T, qc, RouterSide::Query);
       router_topk(qc.s.data(), rp_[r].bias.data(), T, G, k, top.data());
       for (int64_t t = 0; t < T; ++t)
         for (int64_t h = r * heads_per; h < (r + 1) * heads_per; ++h)
@@ -322,6 +324,28 @@ AttentionPlan make_plan(const ModelConfig& c, const FocusRouters& f, FocusMode m
 }
 
 }  // namespace
+
+const float* router_input(const AttentionCall& a, const FocusSettings& fs, int64_t r, int64_t route_heads,
+                          RouterSide side, std::vector<float>& buf) {
+  if (!fs.route_on_qk) return a.xn;
+  const ModelConfig& c = *a.cfg;
+  const int64_t Dh = c.head_dim, T = a.T;
+  const bool key = side == RouterSide::Key;
+  const int64_t per = (key ? c.kv_heads : c.heads) / route_heads;  // heads averaged
+  const int64_t stride = key ? c.kv_dim() : c.q_dim();
+  const float* base = key ? a.k + a.pos0 * stride : a.q;
+  buf.assign(T * Dh, 0.f);
+  const float inv = 1.f / (float)per;
+  for (int64_t t = 0; t < T; ++t) {
+    float* o = buf.data() + t * Dh;
+    for (int64_t h = r * per; h < (r + 1) * per; ++h) {
+      const float* v = base + t * stride + h * Dh;
+      for (int64_t d = 0; d < Dh; ++d) o[d] += v[d];
+    }
+    for (int64_t d = 0; d < Dh; ++d) o[d] *= inv;
+  }
+  return buf.data();
+}
 
 AttentionPlan focus_plan(const ModelConfig& c, const FocusRouters& f) {
   return make_plan(c, f, f.settings.mode, nullptr, nullptr);

@@ -20,6 +20,12 @@ namespace focus {
 // balancing loss, or just observe the assignment.
 using RouterAuxHook = std::function<void(int64_t router, const RouterCache& cache, float* ds_extra)>;
 
+// What router r (of `route_heads` on the layer) reads for the T new rows of a: the block's normed
+// input xn, or with fs.route_on_qk the mean rotated key vector of its kv heads (side Key) / the
+// mean query vector of its query heads (side Query), [T, head_dim] in buf.
+const float* router_input(const AttentionCall& a, const FocusSettings& fs, int64_t r, int64_t route_heads,
+                          RouterSide side, std::vector<float>& buf);
+
 // The plan of f.settings.mode: soft, hard or window policies on the layers that have a router,
 // the model's dense attention elsewhere (mode off: dense everywhere).
 AttentionPlan focus_plan(const ModelConfig& c, const FocusRouters& f);

@@ -66,7 +66,9 @@ void check_settings(const FocusSettings& s, const ModelConfig& c, const std::str
   FOCUS_CHECK(s.local_window >= 1, where, ": Focus window must be >= 1 (got ", s.local_window, ")");
   FOCUS_CHECK(s.sinks >= 0, where, ": sinks must be >= 0");
   FOCUS_CHECK(s.groups >= 1 && s.groups <= 4096, where, ": groups must be in [1, 4096] (got ", s.groups, ")");
-  FOCUS_CHECK(s.dg >= 1 && s.dg <= c.dim, where, ": d_g must be in [1, ", c.dim, "] (got ", s.dg, ")");
+  FOCUS_CHECK(!s.route_on_qk || s.asymmetric, where, ": routing on queries and keys needs asymmetric routing");
+  FOCUS_CHECK(s.dg >= 1 && s.dg <= router_input_dim(c, s), where, ": d_g must be in [1, ", router_input_dim(c, s),
+              "] (got ", s.dg, ")");
   FOCUS_CHECK(s.topk >= 1 && (s.asymmetric || s.topk <= 2), where, ": top-k must be ",
               s.asymmetric ? "at least 1" : "1 or 2 (symmetric routing)", " (got ", s.topk, ")");
   FOCUS_CHECK(s.topk <= s.groups, where, ": top-k exceeds the number of groups");
@@ -92,7 +94,7 @@ std::string router_prefix(int64_t l, int64_t h, int64_t per_layer) {
 // The shape of every router of a model under these settings.
 RouterConfig router_config(const ModelConfig& c, const FocusSettings& s) {
   RouterConfig rc;
-  rc.dim = c.dim;
+  rc.dim = router_input_dim(c, s);
   rc.d_g = s.dg;
   rc.groups = s.groups;
   rc.tau = s.tau;
@@ -101,6 +103,10 @@ RouterConfig router_config(const ModelConfig& c, const FocusSettings& s) {
   return rc;
 }
 }  // namespace
+
+int64_t router_input_dim(const ModelConfig& c, const FocusSettings& s) {
+  return s.route_on_qk ? c.head_dim : c.dim;
+}
 
 FocusRouters focus_init(const ModelConfig& c, const FocusSettings& s, uint64_t seed) {
   check_settings(s, c, "focus");
@@ -158,6 +164,7 @@ void save_focus(const FocusRouters& f, const std::string& dir, const ModelConfig
                       {"layers", layers}};
   if (s.asymmetric) j["key_capacity"] = s.key_capacity;
   if (s.per_kv_head) j["per_kv_head"] = true;
+  if (s.route_on_qk) j["input"] = "qk";
   if (s.topk_by_mass) j["topk_by_mass"] = true;
   if (!f.far_mass.empty()) j["far_mass"] = f.far_mass;
   if (s.window_only_below > 0) j["window_only_below"] = s.window_only_below;
@@ -202,6 +209,9 @@ FocusConfigFile read_focus_config(const std::string& dir, const ModelConfig& c) 
     s.key_capacity = j.value("key_capacity", 1.5f);
     s.window_only_below = j.value("window_only_below", 0.f);
     s.per_kv_head = j.value("per_kv_head", false);
+    const std::string input = j.value("input", std::string("hidden"));
+    FOCUS_CHECK(input == "hidden" || input == "qk", jp, ": unknown router input '", input, "' (expected hidden or qk)");
+    s.route_on_qk = input == "qk";
     s.topk_by_mass = j.value("topk_by_mass", false);
     s.dense_above = j.value("dense_above", 1.f);
     FOCUS_CHECK(j.at("model_dim").get<int64_t>() == c.dim && j.at("model_layers").get<int64_t>() == c.layers, jp,
@@ -252,12 +262,13 @@ FocusRouters load_focus(const std::string& dir, const ModelConfig& c) {
       for (float x : v) FOCUS_CHECK(std::isfinite(x), sp, ": tensor '", p + name, "' holds NaN or Inf");
       return v;
     };
-    auto wr = take("w_r", {s.dg, c.dim});
+    const int64_t in = router_input_dim(c, s);
+    auto wr = take("w_r", {s.dg, in});
     auto cc = take("centroids", {s.groups, s.dg});
     std::copy(wr.begin(), wr.end(), r.w_r());
     std::copy(cc.begin(), cc.end(), r.centroids());
     if (s.asymmetric) {
-      auto wk = take("w_k", {s.dg, c.dim});
+      auto wk = take("w_k", {s.dg, in});
       std::copy(wk.begin(), wk.end(), r.w_k());
     }
     r.bias = take("bias", {s.groups});

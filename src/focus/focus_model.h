@@ -35,6 +35,11 @@ struct FocusSettings {
   // Asymmetric routing per kv head (focus.json "per_kv_head"): each layer has one router per kv
   // head, which routes that head's keys and the queries of its query heads.
   bool per_kv_head = false;
+  // Asymmetric routers that read the attention's own vectors (focus.json "input": "qk") instead of
+  // the block's normed input: keys are routed from their rotated key vector (of the router's kv
+  // head, or the mean over kv heads), queries from the mean of the rotated query vectors of the
+  // router's query heads. Router width: head_dim.
+  bool route_on_qk = false;
   // Per-layer choice: a router layer whose measured far attention mass (FocusRouters::far_mass)
   // is below this runs the window + sinks pattern alone in hard mode (0: every layer routes).
   float window_only_below = 0.f;
@@ -71,6 +76,9 @@ struct FocusRouters {
     return settings.dense_above < 1 && m >= 0 && m > settings.dense_above;
   }
 };
+
+// The width of the vectors a router of these settings reads (model dim, or head_dim with qk input).
+int64_t router_input_dim(const ModelConfig& c, const FocusSettings& s);
 
 // Routers for every global attention layer (sliding-window layers are already local), seeded.
 FocusRouters focus_init(const ModelConfig& c, const FocusSettings& s, uint64_t seed);

@@ -5,6 +5,7 @@
 
 #include "core/error.h"
 #include "focus/balancing.h"
+#include "focus/focus_attention.h"
 #include "kernels/cpu/attention.h"
 #include "kernels/cpu/attention_mass.h"
 
@@ -55,8 +56,11 @@ class DistillAttention final : public AttentionPolicy {
     const int64_t T = a.T, G = fs_.groups;
     const RouterParams& rp = rp_[r];
     RouterCache keys, queries;
-    router_forward(rp, a.xn, T, keys, RouterSide::Key);
-    router_forward(rp, a.xn, T, queries, RouterSide::Query);
+    std::vector<float> kin_buf, qin_buf;
+    const float* kin = router_input(a, fs_, r, rh_, RouterSide::Key, kin_buf);
+    const float* qin = router_input(a, fs_, r, rh_, RouterSide::Query, qin_buf);
+    router_forward(rp, kin, T, keys, RouterSide::Key);
+    router_forward(rp, qin, T, queries, RouterSide::Query);
     std::vector<float> M(T * G), far(T);
     cpu::attention_mass_forward(q, k, lse, keys.p.data(), G, s, cpu::MassHeads::Mean, M.data(), far.data());
 
@@ -93,8 +97,8 @@ class DistillAttention final : public AttentionPolicy {
                        dsk.data());
     if (grads_) {
       float* g = (*grads_)[router0_ + r].data();
-      router_backward(rp, a.xn, keys, dP.data(), dsk.data(), g, nullptr, RouterSide::Key);
-      router_backward(rp, a.xn, queries, nullptr, dsq.data(), g, nullptr, RouterSide::Query);
+      router_backward(rp, kin, keys, dP.data(), dsk.data(), g, nullptr, RouterSide::Key);
+      router_backward(rp, qin, queries, nullptr, dsq.data(), g, nullptr, RouterSide::Query);
     }
     if (stats_) {
       stats_->query_ce += ce;

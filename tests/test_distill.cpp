@@ -10,9 +10,9 @@
 
 #include "core/error.h"
 #include "core/mapped_file.h"
-#include "io/safetensors_writer.h"
 #include "focus/focus_attention.h"
 #include "focus/focus_model.h"
+#include "io/safetensors_writer.h"
 #include "model/attention.h"
 #include "test_models.h"
 #include "test_util.h"
@@ -90,19 +90,19 @@ void check_block(const Model& m, FocusRouters f, const test::Win& w, const Disti
 TEST(Distill, RouterGradientsMatchFiniteDifferences) {
   for (Arch arch : {Arch::Llama, Arch::GPT2}) {
     for (int variant = 0; variant < 3; ++variant) {
-    const bool per_kv_head = variant >= 1;
-    auto m = random_model(arch, 11);
-    FocusSettings st = asym_settings(4, 2, 5);
-    st.per_kv_head = per_kv_head;
-    st.route_on_qk = variant == 2;
-    const FocusRouters f = focus_init(m->cfg, st, 3);
-    EXPECT_EQ((int64_t)f.routers.size(), m->cfg.layers * (per_kv_head ? m->cfg.kv_heads : 1));
-    const test::Win w = window_of(40, m->cfg.vocab, 5);
-    DistillOptions o;
-    o.balance_weight = 0.f;
-    o.key_weight = 1.f;
-    check_block(*m, f, w, o, /*key_side=*/false);
-    check_block(*m, f, w, o, /*key_side=*/true);
+      const bool per_kv_head = variant >= 1;
+      auto m = random_model(arch, 11);
+      FocusSettings st = asym_settings(4, 2, 5);
+      st.per_kv_head = per_kv_head;
+      st.route_on_qk = variant == 2;
+      const FocusRouters f = focus_init(m->cfg, st, 3);
+      EXPECT_EQ((int64_t)f.routers.size(), m->cfg.layers * (per_kv_head ? m->cfg.kv_heads : 1));
+      const test::Win w = window_of(40, m->cfg.vocab, 5);
+      DistillOptions o;
+      o.balance_weight = 0.f;
+      o.key_weight = 1.f;
+      check_block(*m, f, w, o, /*key_side=*/false);
+      check_block(*m, f, w, o, /*key_side=*/true);
     }
   }
 }
@@ -153,43 +153,43 @@ TEST(AsymmetricRouting, ReadingEveryGroupIsDense) {
 // no earlier output. The key groups keep within key_capacity of the mean load.
 TEST(AsymmetricRouting, SparseDecodesLikePrefillAndIsCausal) {
   for (int variant = 0; variant < 3; ++variant) {
-  const bool per_kv_head = variant >= 1;
-  SCOPED_TRACE(variant == 2 ? "per kv head, on q and k" : per_kv_head ? "per kv head" : "per layer");
-  auto m = random_model(Arch::Llama, 14);
-  FocusSettings s = asym_settings(4, 1, 3);
-  s.key_capacity = 1.25f;
-  s.per_kv_head = per_kv_head;
-  s.route_on_qk = variant == 2;
-  const FocusRouters f = focus_init(m->cfg, s, 6);
-  const int64_t n = 60, D = m->cfg.dim;
-  const std::vector<int32_t> ids = window_of(n, m->cfg.vocab, 8).ids;
-  const AttentionPlan plan = focus_plan(m->cfg, f);
-  AttentionStats st;
-  std::vector<std::vector<int32_t>> groups;
-  st.groups = &groups;
-  const auto full = hidden_of(*m, ids, &plan, &st);
-  EXPECT_LT(st.density(), 0.75);
-  EXPECT_GT(max_abs_diff(full, hidden_of(*m, ids, nullptr)), 1e-3);  // the pattern really is sparse
-  for (int64_t l = 0; l < m->cfg.layers; ++l) {
-    ASSERT_EQ((int64_t)groups[l].size(), n);
-    std::vector<int64_t> load(4, 0);
-    for (int64_t j = s.sinks; j < n; ++j) {
-      const int64_t cap = (int64_t)std::ceil(s.key_capacity * (double)(j - s.sinks + 1) / 4.0);
-      EXPECT_LT(load[groups[l][j]], std::max<int64_t>(1, cap)) << "layer " << l << " key " << j;
-      load[groups[l][j]]++;
+    const bool per_kv_head = variant >= 1;
+    SCOPED_TRACE(variant == 2 ? "per kv head, on q and k" : per_kv_head ? "per kv head" : "per layer");
+    auto m = random_model(Arch::Llama, 14);
+    FocusSettings s = asym_settings(4, 1, 3);
+    s.key_capacity = 1.25f;
+    s.per_kv_head = per_kv_head;
+    s.route_on_qk = variant == 2;
+    const FocusRouters f = focus_init(m->cfg, s, 6);
+    const int64_t n = 60, D = m->cfg.dim;
+    const std::vector<int32_t> ids = window_of(n, m->cfg.vocab, 8).ids;
+    const AttentionPlan plan = focus_plan(m->cfg, f);
+    AttentionStats st;
+    std::vector<std::vector<int32_t>> groups;
+    st.groups = &groups;
+    const auto full = hidden_of(*m, ids, &plan, &st);
+    EXPECT_LT(st.density(), 0.75);
+    EXPECT_GT(max_abs_diff(full, hidden_of(*m, ids, nullptr)), 1e-3);  // the pattern really is sparse
+    for (int64_t l = 0; l < m->cfg.layers; ++l) {
+      ASSERT_EQ((int64_t)groups[l].size(), n);
+      std::vector<int64_t> load(4, 0);
+      for (int64_t j = s.sinks; j < n; ++j) {
+        const int64_t cap = (int64_t)std::ceil(s.key_capacity * (double)(j - s.sinks + 1) / 4.0);
+        EXPECT_LT(load[groups[l][j]], std::max<int64_t>(1, cap)) << "layer " << l << " key " << j;
+        load[groups[l][j]]++;
+      }
     }
-  }
 
-  KVCache c;
-  c.init(m->cfg, n);
-  std::vector<float> h(n * D);
-  forward(*m, ids.data(), 30, c, h.data(), &plan);
-  c.truncate(20);
-  for (int64_t i = 20; i < n; ++i) forward(*m, ids.data() + i, 1, c, h.data() + i * D, &plan);
-  EXPECT_LT(max_abs_diff(h, full), 1e-5);
+    KVCache c;
+    c.init(m->cfg, n);
+    std::vector<float> h(n * D);
+    forward(*m, ids.data(), 30, c, h.data(), &plan);
+    c.truncate(20);
+    for (int64_t i = 20; i < n; ++i) forward(*m, ids.data() + i, 1, c, h.data() + i * D, &plan);
+    EXPECT_LT(max_abs_diff(h, full), 1e-5);
 
-  const std::vector<int32_t> prefix(ids.begin(), ids.begin() + 40);
-  EXPECT_LT(max_abs_diff(hidden_of(*m, prefix, &plan), full, 0, 40 * D), 1e-5);
+    const std::vector<int32_t> prefix(ids.begin(), ids.begin() + 40);
+    EXPECT_LT(max_abs_diff(hidden_of(*m, prefix, &plan), full, 0, 40 * D), 1e-5);
   }
 }
 

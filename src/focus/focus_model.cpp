@@ -134,14 +134,14 @@ void save_focus(const FocusRouters& f, const std::string& dir, const ModelConfig
     if (r0 < 0) continue;
     layers.push_back(l);
     for (int64_t h = 0; h < f.routers_per_layer; ++h) {
-    const RouterParams& r = f.routers[r0 + h];
-    const std::string p = router_prefix(l, h, f.routers_per_layer);
-    const int64_t dg = r.cfg.d_g, D = r.cfg.dim, G = r.cfg.groups;
-    t[p + "w_r"] = {{dg, D}, std::vector<float>(r.w_r(), r.w_r() + dg * D)};
-    t[p + "centroids"] = {{G, dg}, std::vector<float>(r.centroids(), r.centroids() + G * dg)};
-    t[p + "bias"] = {{G}, r.bias};
-    t[p + "log_tau"] = {{1}, {std::log(r.tau())}};
-    if (r.cfg.key_proj) t[p + "w_k"] = {{dg, D}, std::vector<float>(r.w_k(), r.w_k() + dg * D)};
+      const RouterParams& r = f.routers[r0 + h];
+      const std::string p = router_prefix(l, h, f.routers_per_layer);
+      const int64_t dg = r.cfg.d_g, D = r.cfg.dim, G = r.cfg.groups;
+      t[p + "w_r"] = {{dg, D}, std::vector<float>(r.w_r(), r.w_r() + dg * D)};
+      t[p + "centroids"] = {{G, dg}, std::vector<float>(r.centroids(), r.centroids() + G * dg)};
+      t[p + "bias"] = {{G}, r.bias};
+      t[p + "log_tau"] = {{1}, {std::log(r.tau())}};
+      if (r.cfg.key_proj) t[p + "w_k"] = {{dg, D}, std::vector<float>(r.w_k(), r.w_k() + dg * D)};
     }
   }
   io::save_safetensors((fs::path(dir) / "router.safetensors").string(), t, {{"format", "focus-router"}});
@@ -253,28 +253,28 @@ FocusRouters load_focus(const std::string& dir, const ModelConfig& c) {
                 c.layer_sliding_window[l], "); routers belong on global attention layers only");
     f.router_of_layer[l] = (int64_t)f.routers.size();
     for (int64_t h = 0; h < f.routers_per_layer; ++h) {
-    const std::string p = router_prefix(l, h, f.routers_per_layer);
-    RouterParams r = router_init(router_config(c, s), 0);
-    auto take = [&](const std::string& name, std::vector<int64_t> shape) {
-      const io::STTensor& t = st.tensor(p + name);
-      FOCUS_CHECK(t.shape == shape, sp, ": tensor '", p + name, "' has the wrong shape for this config");
-      std::vector<float> v = st.to_float(t);
-      for (float x : v) FOCUS_CHECK(std::isfinite(x), sp, ": tensor '", p + name, "' holds NaN or Inf");
-      return v;
-    };
-    const int64_t in = router_input_dim(c, s);
-    auto wr = take("w_r", {s.dg, in});
-    auto cc = take("centroids", {s.groups, s.dg});
-    std::copy(wr.begin(), wr.end(), r.w_r());
-    std::copy(cc.begin(), cc.end(), r.centroids());
-    if (s.asymmetric) {
-      auto wk = take("w_k", {s.dg, in});
-      std::copy(wk.begin(), wk.end(), r.w_k());
-    }
-    r.bias = take("bias", {s.groups});
-    auto lt = take("log_tau", {1});
-    if (s.learn_tau) r.params[r.log_tau_offset()] = lt[0];
-    f.routers.push_back(std::move(r));
+      const std::string p = router_prefix(l, h, f.routers_per_layer);
+      RouterParams r = router_init(router_config(c, s), 0);
+      auto take = [&](const std::string& name, std::vector<int64_t> shape) {
+        const io::STTensor& t = st.tensor(p + name);
+        FOCUS_CHECK(t.shape == shape, sp, ": tensor '", p + name, "' has the wrong shape for this config");
+        std::vector<float> v = st.to_float(t);
+        for (float x : v) FOCUS_CHECK(std::isfinite(x), sp, ": tensor '", p + name, "' holds NaN or Inf");
+        return v;
+      };
+      const int64_t in = router_input_dim(c, s);
+      auto wr = take("w_r", {s.dg, in});
+      auto cc = take("centroids", {s.groups, s.dg});
+      std::copy(wr.begin(), wr.end(), r.w_r());
+      std::copy(cc.begin(), cc.end(), r.centroids());
+      if (s.asymmetric) {
+        auto wk = take("w_k", {s.dg, in});
+        std::copy(wk.begin(), wk.end(), r.w_k());
+      }
+      r.bias = take("bias", {s.groups});
+      auto lt = take("log_tau", {1});
+      if (s.learn_tau) r.params[r.log_tau_offset()] = lt[0];
+      f.routers.push_back(std::move(r));
     }
   }
   if (j.contains("far_mass")) {

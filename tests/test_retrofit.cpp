@@ -163,6 +163,42 @@ TEST(Retrofit, InterruptedRunResumesToTheSameBits) {
   refused(oc, "learn_tau");
 }
 
+// Distillation (asymmetric routers per kv head) trains, records the measured far mass, reads more
+// of it after training than the seeded routers, and resumes to the same bits.
+TEST(Retrofit, DistillationTrainsAndResumesToTheSameBits) {
+  FOCUS_NEED_FILE(stories());
+  FOCUS_NEED_FILE(book("pg-345-dracula.txt"));
+  auto m = load_model(stories(), LoadOptions{tok512()});
+  const std::string a = ::testing::TempDir() + "/focus_distill_a", b = ::testing::TempDir() + "/focus_distill_b";
+  auto opts = [&](const std::string& out) {
+    RetrofitOptions o = small_run(out);
+    o.objective = "distill";
+    o.balance = Balance::Swav;
+    o.focus.per_kv_head = true;
+    o.focus.topk = 2;
+    o.adam.lr = 1e-2f;
+    o.steps = 6;
+    return o;
+  };
+  const RetrofitResult full = run_retrofit(*m, opts(a));
+  EXPECT_GT(full.after.captured, full.before.captured) << "training must raise the far mass the top-k groups read";
+  const FocusRouters fa = load_focus(a, m->cfg);
+  EXPECT_TRUE(fa.settings.asymmetric && fa.settings.per_kv_head);
+  ASSERT_EQ(fa.far_mass.size(), fa.routers.size());
+  for (float x : fa.far_mass) EXPECT_TRUE(x > 0.f && x < 1.f) << x;
+
+  RetrofitOptions ob = opts(b);
+  ob.stop_after = 3;
+  EXPECT_TRUE(run_retrofit(*m, ob).interrupted);
+  ob.stop_after = 0;
+  ob.resume = true;
+  EXPECT_EQ(run_retrofit(*m, ob).steps, 6);
+  EXPECT_EQ(router_params(a, m->cfg), router_params(b, m->cfg));
+  EXPECT_EQ(load_focus(b, m->cfg).far_mass, fa.far_mass);
+  ob.distill.key_weight = 0.5f;  // another objective weight is refused on resume
+  EXPECT_THROW(run_retrofit(*m, ob), Error);
+}
+
 // With --balance swav every step's metrics line carries the SwAV loss: the mean over the step's
 // windows and routers of the cross-entropy against the Sinkhorn targets. Step 1 uses the seeded
 // routers, so it is recomputed here from the same windows.

@@ -249,7 +249,6 @@ RetrofitResult run_retrofit(const Model& m, const RetrofitOptions& o) {
       f.far_mass = v0.far_mass;
       return valid_json(v0);
     }
-    if (f.far_mass.empty()) f.far_mass = valid_from_json(before).far_mass;  // resumed run
     ValidResult v = validate(m, f, d.valid_ids, d.valid_targets, false);
     if (phase == ValidPhase::Periodic) {
       if (distill)
@@ -274,6 +273,7 @@ RetrofitResult run_retrofit(const Model& m, const RetrofitOptions& o) {
     json loads = json::array();
     for (const auto& b : balancers) loads.push_back(b.load);
     meta["balance_load"] = loads;
+    meta["far_mass"] = f.far_mass;  // measured at the initial validation, saved with the routers
   };
   task.load_state = [&](const io::SafetensorsFile& file, const json& meta) {
     for (size_t r = 0; r < f.routers.size(); ++r) {
@@ -285,6 +285,7 @@ RetrofitResult run_retrofit(const Model& m, const RetrofitOptions& o) {
       if (r < balancers.size() && meta.contains("balance_load") && r < meta["balance_load"].size())
         balancers[r].load = meta["balance_load"][r].get<std::vector<double>>();
     }
+    if (meta.contains("far_mass")) f.far_mass = meta["far_mass"].get<std::vector<float>>();
   };
 
   const TrainLoopResult lr = run_train_loop(o, d, task);

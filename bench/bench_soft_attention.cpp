@@ -11,29 +11,12 @@
 #include <random>
 #include <vector>
 
+#include "bench_timing.h"
 #include "core/error.h"
 #include "kernels/cpu/soft_attention.h"
 
 namespace focus {
-namespace {
-
-using Clock = std::chrono::steady_clock;
-
-// Median wall time in seconds of f over reps runs, after one untimed run.
-template <class F>
-double median_seconds(F f, int reps) {
-  f();
-  std::vector<double> t;
-  for (int r = 0; r < reps; ++r) {
-    const auto t0 = Clock::now();
-    f();
-    t.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
-  }
-  std::sort(t.begin(), t.end());
-  return t[t.size() / 2];
-}
-
-}  // namespace
+using bench::median_seconds;
 
 nlohmann::json bench_soft_attention(int64_t n, int reps) {
   FOCUS_CHECK(n >= 1 && reps >= 1, "soft attention benchmark: need n >= 1 and reps >= 1");

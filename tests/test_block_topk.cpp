@@ -15,6 +15,8 @@
 #include "test_models.h"
 
 using namespace focus;
+using focus::test::hidden_of;
+using focus::test::max_abs_diff;
 using focus::test::random_model;
 using focus::test::random_normal;
 using focus::test::window_of;
@@ -95,21 +97,6 @@ std::vector<double> reference_attention(const std::vector<float>& q, const std::
       for (int64_t y = 0; y < hd; ++y) o[p * c.q_dim() + h * hd + y] /= sum;
     }
   return o;
-}
-
-std::vector<float> hidden_of(const Model& m, const std::vector<int32_t>& ids, const AttentionPlan* plan,
-                             AttentionStats* st = nullptr) {
-  KVCache c;
-  c.init(m.cfg, (int64_t)ids.size());
-  std::vector<float> h(ids.size() * m.cfg.dim);
-  forward(m, ids.data(), (int64_t)ids.size(), c, h.data(), plan, st);
-  return h;
-}
-
-double max_abs_diff(const std::vector<float>& a, const std::vector<float>& b, size_t from = 0, size_t to = SIZE_MAX) {
-  double e = 0;
-  for (size_t i = from; i < std::min(a.size(), to); ++i) e = std::max(e, (double)std::fabs(a[i] - b[i]));
-  return e;
 }
 
 std::string error_of(const ModelConfig& c, const std::string& spec) {

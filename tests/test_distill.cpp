@@ -19,6 +19,8 @@
 #include "train/distill.h"
 
 using namespace focus;
+using focus::test::hidden_of;
+using focus::test::max_abs_diff;
 using focus::test::random_model;
 using focus::test::window_of;
 
@@ -35,21 +37,6 @@ FocusSettings asym_settings(int64_t groups, int topk, int64_t window) {
   s.tau = 0.5f;
   s.mode = FocusMode::Hard;
   return s;
-}
-
-std::vector<float> hidden_of(const Model& m, const std::vector<int32_t>& ids, const AttentionPlan* plan,
-                             AttentionStats* st = nullptr) {
-  KVCache c;
-  c.init(m.cfg, (int64_t)ids.size());
-  std::vector<float> h(ids.size() * m.cfg.dim);
-  forward(m, ids.data(), (int64_t)ids.size(), c, h.data(), plan, st);
-  return h;
-}
-
-double max_abs_diff(const std::vector<float>& a, const std::vector<float>& b, size_t from = 0, size_t to = SIZE_MAX) {
-  double e = 0;
-  for (size_t i = from; i < std::min(a.size(), to); ++i) e = std::max(e, (double)std::fabs(a[i] - b[i]));
-  return e;
 }
 
 // Distillation losses of one window, for finite differences: query cross-entropy and key purity.
@@ -107,9 +94,9 @@ TEST(Distill, RouterGradientsMatchFiniteDifferences) {
   }
 }
 
-// The forward pass of distillation is the frozen model's, bit for bit, and the far mass it
-// measures is the share of attention beyond the window (positive, below one).
-TEST(Distill, ForwardStaysDenseAndMeasuresFarMass) {
+// The far mass distillation measures is a share of attention (positive, below one) per router,
+// the top-k groups read at most all of it, and symmetric routers are refused.
+TEST(Distill, MeasuresFarMassAndNeedsAsymmetricRouters) {
   auto m = random_model(Arch::Llama, 12);
   const FocusRouters f = focus_init(m->cfg, asym_settings(4, 1, 5), 4);
   const test::Win w = window_of(48, m->cfg.vocab, 6);

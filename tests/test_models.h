@@ -1,7 +1,9 @@
 // Tiny random models of each architecture (Llama with GQA, Gemma 3 with sliding-window layers,
 // QK norms and post norms, GPT-2 with biases and learned positions) for gradient checks.
 #pragma once
+#include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <memory>
 #include <random>
 #include <vector>
@@ -110,6 +112,25 @@ inline Win window_of(int64_t T, int64_t vocab, uint32_t seed) {
   for (int64_t t = 0; t < T; ++t) w.targets.push_back(t + 1 < T ? w.ids[t + 1] : -1);
   w.targets[3] = -1;  // an unscored row in the middle
   return w;
+}
+
+// Final-normed hidden states [n, dim] of one forward pass over ids from position 0, with the
+// plan's attention (null: the model's own) and its pattern statistics (may be null).
+inline std::vector<float> hidden_of(const Model& m, const std::vector<int32_t>& ids, const AttentionPlan* plan,
+                                    AttentionStats* st = nullptr) {
+  KVCache c;
+  c.init(m.cfg, (int64_t)ids.size());
+  std::vector<float> h(ids.size() * m.cfg.dim);
+  forward(m, ids.data(), (int64_t)ids.size(), c, h.data(), plan, st);
+  return h;
+}
+
+// Largest |a[i] - b[i]| over i in [from, min(size, to)).
+inline double max_abs_diff(const std::vector<float>& a, const std::vector<float>& b, size_t from = 0,
+                           size_t to = SIZE_MAX) {
+  double e = 0;
+  for (size_t i = from; i < std::min(a.size(), to); ++i) e = std::max(e, (double)std::fabs(a[i] - b[i]));
+  return e;
 }
 
 // The gradient g (blocks of floats) against a central difference of the loss along g / |g|, which

@@ -11,23 +11,17 @@
 #include "focus/focus_model.h"
 #include "io/text.h"
 #include "model/model.h"
+#include "test_models.h"
 #include "test_util.h"
 
 using namespace focus;
+using focus::test::hidden_of;
+using focus::test::max_abs_diff;
 using focus::test::smollm2_path;
 
 namespace {
 
 std::string shipped() { return std::string(FOCUS_SOURCE_DIR) + "/routers/smollm2-books"; }
-
-std::vector<float> hidden_of(const Model& m, const std::vector<int32_t>& ids, const AttentionPlan* plan,
-                             AttentionStats* st = nullptr) {
-  KVCache c;
-  c.init(m.cfg, (int64_t)ids.size());
-  std::vector<float> h(ids.size() * m.cfg.dim);
-  forward(m, ids.data(), (int64_t)ids.size(), c, h.data(), plan, st);
-  return h;
-}
 
 struct Shipped {
   std::unique_ptr<Model> m;
@@ -71,17 +65,13 @@ TEST(ShippedRouters, SparseCausalAndDecodesLikePrefill) {
   const auto full = hidden_of(*s.m, ids, &s.plan, &st);
   EXPECT_LT(st.density(), 0.9);
   const auto dense = hidden_of(*s.m, ids, nullptr);
-  double diff = 0;
-  for (size_t i = (size_t)(2 * s.f.settings.local_window * D); i < full.size(); ++i)
-    diff = std::max(diff, (double)std::fabs(full[i] - dense[i]));
-  EXPECT_GT(diff, 1e-3) << "beyond the window the pattern is sparse";
+  EXPECT_GT(max_abs_diff(full, dense, (size_t)(2 * s.f.settings.local_window * D)), 1e-3)
+      << "beyond the window the pattern is sparse";
 
   // Causal: the first `cut` tokens alone give the same rows.
   const std::vector<int32_t> prefix(ids.begin(), ids.begin() + cut);
   const auto pre = hidden_of(*s.m, prefix, &s.plan);
-  double err = 0;
-  for (size_t i = 0; i < pre.size(); ++i) err = std::max(err, (double)std::fabs(pre[i] - full[i]));
-  EXPECT_LT(err, 1e-4);
+  EXPECT_LT(max_abs_diff(pre, full), 1e-4);
 
   // Decoding the last 16 tokens one at a time from the cache.
   KVCache c;
@@ -89,7 +79,5 @@ TEST(ShippedRouters, SparseCausalAndDecodesLikePrefill) {
   std::vector<float> h(n * D);
   forward(*s.m, ids.data(), n - 16, c, h.data(), &s.plan);
   for (int64_t i = n - 16; i < n; ++i) forward(*s.m, ids.data() + i, 1, c, h.data() + i * D, &s.plan);
-  double dec = 0;
-  for (int64_t i = (n - 16) * D; i < n * D; ++i) dec = std::max(dec, (double)std::fabs(h[i] - full[i]));
-  EXPECT_LT(dec, 1e-3);
+  EXPECT_LT(max_abs_diff(h, full, (size_t)((n - 16) * D)), 1e-3);
 }

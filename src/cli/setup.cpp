@@ -91,6 +91,10 @@ void ModelSetup::add_model(CLI::App* app, bool required, bool positional) {
                  : app->add_option("--model", model, "MODEL");
   if (required) o->required();
   app->add_option("--tokenizer", tokenizer, "tokenizer file (llama2.c models)");
+  app->add_option("--weights", weights,
+                  "how the matrices are held: native (the file's format, quantised kernels; default), f32 "
+                  "(dequantised at load: the exact path) or bf16")
+      ->check(CLI::IsMember({"native", "f32", "bf16"}));
 }
 
 void ModelSetup::add_lora(CLI::App* app) {
@@ -124,6 +128,7 @@ Loaded ModelSetup::load() const {
   check();
   LoadOptions lo;
   lo.tokenizer = tokenizer;
+  lo.weights = parse_weights_mode(weights);
   Loaded l;
   l.model = load_model(model, lo);
   if (!lora.empty()) {

@@ -63,10 +63,11 @@ struct Loaded {
 // A subcommand with a long loop installs the Ctrl-C handler (cli/process.h) just before it.
 struct ModelSetup {
   std::string model, tokenizer, lora;
+  std::string weights = "native";  // --weights native|f32|bf16
   FocusFlags focus;
   std::string attention;  // --attention SPEC (registered with add_focus)
   bool as_json = false;
-  // --model MODEL (required or not), or with `positional` a MODEL argument; and --tokenizer.
+  // --model MODEL (required or not), or with `positional` a MODEL argument; --tokenizer and --weights.
   void add_model(CLI::App* app, bool required = true, bool positional = false);
   void add_lora(CLI::App* app);
   // --focus and the router flags, and --attention SPEC.

@@ -391,4 +391,10 @@ uint16_t fp32_to_fp16(float f) {
 
 float bf16_to_fp32(uint16_t h) { return std::bit_cast<float>((uint32_t)h << 16); }
 
+uint16_t fp32_to_bf16(float f) {
+  const uint32_t u = std::bit_cast<uint32_t>(f);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40);  // quiet NaN
+  return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+
 }  // namespace focus::io

@@ -29,5 +29,6 @@ void dequantize(GGMLType t, const void* src, float* dst, int64_t n);
 float fp16_to_fp32(uint16_t h);
 uint16_t fp32_to_fp16(float f);
 float bf16_to_fp32(uint16_t h);
+uint16_t fp32_to_bf16(float f);  // round to nearest even; NaN stays NaN
 
 }  // namespace focus::io

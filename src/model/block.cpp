@@ -15,8 +15,9 @@ void embed_tokens(const Model& m, const int32_t* ids, int64_t T, int64_t pos0, f
                 " learned positions");
   for (int64_t t = 0; t < T; ++t) {
     FOCUS_CHECK(ids[t] >= 0 && ids[t] < c.vocab, "token id ", ids[t], " outside the vocabulary (", c.vocab, ")");
-    const float* e = m.w.tok_emb + (int64_t)ids[t] * D;
-    for (int64_t i = 0; i < D; ++i) x[t * D + i] = e[i] * c.embed_scale;
+    float* e = x + t * D;
+    dequantize_rows(m.w.tok_emb, ids[t], 1, e);
+    for (int64_t i = 0; i < D; ++i) e[i] *= c.embed_scale;
     if (c.learned_pos) {
       const float* p = m.w.pos_emb + (pos0 + t) * D;
       for (int64_t i = 0; i < D; ++i) x[t * D + i] += p[i];

@@ -61,13 +61,40 @@ void check_config(const ModelConfig& c, const std::string& path) {
               " entries for ", c.layers, " layers");
 }
 
+// ---------------------------------------------------------------- matrices
+// A matrix [rows, cols] of `type` at `data` (inside a mapped file that outlives the model, or in
+// a buffer the caller will drop) held as LoadOptions::weights says: a view of the bytes where the
+// mode and alignment allow (`viewed` is then set: the caller keeps the file alive), else an owned
+// float32 or BF16 copy.
+Weight hold_matrix(ModelWeights& w, WeightsMode mode, io::GGMLType type, int64_t rows, int64_t cols,
+                   const uint8_t* data, bool can_view, bool& viewed) {
+  using io::GGMLType;
+  const bool aligned4 = reinterpret_cast<uintptr_t>(data) % 4 == 0;
+  const bool aligned2 = reinterpret_cast<uintptr_t>(data) % 2 == 0;
+  Weight out{type, rows, cols, data};
+  if (can_view) {
+    if (type == GGMLType::F32 && aligned4) return viewed = true, out;                          // every mode
+    if (mode == WeightsMode::BF16 && type == GGMLType::BF16 && aligned2) return viewed = true, out;
+    if (mode == WeightsMode::Native && type != GGMLType::F32) return viewed = true, out;  // kernels read bytes
+  }
+  std::vector<float> f((size_t)(rows * cols));
+  io::dequantize(type, data, f.data(), rows * cols);
+  if (mode == WeightsMode::BF16) {
+    std::vector<uint16_t> b(f.size());
+    for (size_t i = 0; i < f.size(); ++i) b[i] = io::fp32_to_bf16(f[i]);
+    return Weight{GGMLType::BF16, rows, cols, w.keep16(std::move(b))};
+  }
+  return Weight::f32(w.keep(std::move(f)), rows, cols);
+}
+
 // ---------------------------------------------------------------- GGUF
 std::string gguf_arch_key(const std::string& arch, const std::string& k) {
   return arch + "." + k;
 }
 
 std::unique_ptr<Model> load_gguf(const std::string& path, const LoadOptions& opt) {
-  io::GGUFFile f(path);
+  auto file = std::make_shared<io::GGUFFile>(path);
+  const io::GGUFFile& f = *file;
   auto m = std::make_unique<Model>();
   m->path = path;
   m->format = "gguf";
@@ -117,7 +144,8 @@ std::unique_ptr<Model> load_gguf(const std::string& path, const LoadOptions& opt
   check_config(c, path);
 
   std::map<std::string, int> type_count;
-  auto get = [&](const std::string& name, std::vector<int64_t> shape, bool required = true) -> const float* {
+  bool viewed = false;
+  auto find = [&](const std::string& name, const std::vector<int64_t>& shape, bool required) -> const io::GGUFTensor* {
     const io::GGUFTensor* t = f.find(name);
     if (!t) {
       FOCUS_CHECK(!required, path, ": missing tensor '", name, "'");
@@ -132,29 +160,42 @@ std::unique_ptr<Model> load_gguf(const std::string& path, const LoadOptions& opt
       for (auto d : shape) s += std::to_string(d) + " ";
       return s;
     }());
+    FOCUS_CHECK(io::type_supported(t->type), path, ": tensor '", name, "' has type ", io::type_name(t->type),
+                ", which this engine cannot read");
     type_count[io::type_name(t->type)]++;
     m->w.n_params += t->n_elements();
-    return m->w.keep(f.to_float(*t));
+    return t;
+  };
+  // Vectors (norms) as float32; matrices as LoadOptions::weights says. GGUF shapes are ggml's
+  // order: {cols, rows}.
+  auto get = [&](const std::string& name, std::vector<int64_t> shape, bool required = true) -> const float* {
+    const io::GGUFTensor* t = find(name, shape, required);
+    return t ? m->w.keep(f.to_float(*t)) : nullptr;
+  };
+  auto mat = [&](const std::string& name, std::vector<int64_t> shape, bool required = true) -> Weight {
+    const io::GGUFTensor* t = find(name, shape, required);
+    if (!t) return Weight{};
+    return hold_matrix(m->w, opt.weights, t->type, shape[1], shape[0], t->data, true, viewed);
   };
   const int64_t D = c.dim, QD = c.q_dim(), KV = c.kv_dim(), F = c.ffn, hd = c.head_dim;
-  m->w.tok_emb = get("token_embd.weight", {D, c.vocab});
+  m->w.tok_emb = mat("token_embd.weight", {D, c.vocab});
   m->w.out_norm = get("output_norm.weight", {D});
-  m->w.lm_head = get("output.weight", {D, c.vocab}, false);
-  c.tied_output = m->w.lm_head == nullptr;
+  m->w.lm_head = mat("output.weight", {D, c.vocab}, false);
+  c.tied_output = !m->w.lm_head;
   if (c.tied_output) m->w.lm_head = m->w.tok_emb;
   m->w.layers.resize(c.layers);
   for (int64_t l = 0; l < c.layers; ++l) {
     const std::string p = "blk." + std::to_string(l) + ".";
     LayerWeights& L = m->w.layers[l];
     L.attn_norm = get(p + "attn_norm.weight", {D});
-    L.wq = get(p + "attn_q.weight", {D, QD});
-    L.wk = get(p + "attn_k.weight", {D, KV});
-    L.wv = get(p + "attn_v.weight", {D, KV});
-    L.wo = get(p + "attn_output.weight", {QD, D});
+    L.wq = mat(p + "attn_q.weight", {D, QD});
+    L.wk = mat(p + "attn_k.weight", {D, KV});
+    L.wv = mat(p + "attn_v.weight", {D, KV});
+    L.wo = mat(p + "attn_output.weight", {QD, D});
     L.ffn_norm = get(p + "ffn_norm.weight", {D});
-    L.w_gate = get(p + "ffn_gate.weight", {D, F});
-    L.w_up = get(p + "ffn_up.weight", {D, F});
-    L.w_down = get(p + "ffn_down.weight", {F, D});
+    L.w_gate = mat(p + "ffn_gate.weight", {D, F});
+    L.w_up = mat(p + "ffn_up.weight", {D, F});
+    L.w_down = mat(p + "ffn_down.weight", {F, D});
     if (c.arch == Arch::Gemma3) {
       L.q_norm = get(p + "attn_q_norm.weight", {hd});
       L.k_norm = get(p + "attn_k_norm.weight", {hd});
@@ -165,12 +206,14 @@ std::unique_ptr<Model> load_gguf(const std::string& path, const LoadOptions& opt
   for (auto& [k, v] : type_count) m->w.tensor_types.push_back(k + " x " + std::to_string(v));
   if (opt.need_tokenizer)
     m->tok = opt.tokenizer.empty() ? io::make_tokenizer(io::vocab_from_gguf(f)) : io::load_tokenizer(opt.tokenizer);
+  if (viewed) m->w.owners.push_back(file);
   return m;
 }
 
 // ---------------------------------------------------------------- llama2.c (legacy v0)
 std::unique_ptr<Model> load_llama2c(const std::string& path, const LoadOptions& opt) {
-  MappedFile f(path);
+  auto file = std::make_shared<MappedFile>(path);
+  const MappedFile& f = *file;
   FOCUS_CHECK(f.size() >= 28, path, ": too small for a llama2.c header (", f.size(), " bytes)");
   int32_t h[7];
   std::memcpy(h, f.data(), sizeof(h));
@@ -205,14 +248,21 @@ std::unique_ptr<Model> load_llama2c(const std::string& path, const LoadOptions& 
               f.size());
   FOCUS_CHECK(f.size() == bytes, path, ": llama2.c checkpoint has ", f.size() - bytes,
               " unexpected trailing bytes (not a legacy v0 file?)");
+  // Every tensor is float32 at a 4-byte aligned offset: the model views the mapping.
+  m->w.owners.push_back(file);
   const float* p = reinterpret_cast<const float*>(f.data() + 28);
   auto take = [&](int64_t n) {
-    std::vector<float> v(p, p + n);
+    const float* v = p;
     p += n;
     m->w.n_params += n;
-    return m->w.keep(std::move(v));
+    return v;
   };
-  m->w.tok_emb = take(c.vocab * D);
+  bool viewed = false;
+  auto mat = [&](const float* data, int64_t rows, int64_t cols) {
+    return hold_matrix(m->w, opt.weights, io::GGMLType::F32, rows, cols, reinterpret_cast<const uint8_t*>(data), true,
+                       viewed);
+  };
+  m->w.tok_emb = mat(take(c.vocab * D), c.vocab, D);
   m->w.layers.resize(Lr);
   const float* rms_att = take(Lr * D);
   const float* wq = take(Lr * D * D);
@@ -225,18 +275,18 @@ std::unique_ptr<Model> load_llama2c(const std::string& path, const LoadOptions& 
   const float* w3 = take(Lr * F * D);
   m->w.out_norm = take(D);
   p += c.max_ctx * hd;  // stored RoPE tables: recomputed instead
-  m->w.lm_head = c.tied_output ? m->w.tok_emb : take(c.vocab * D);
+  m->w.lm_head = c.tied_output ? m->w.tok_emb : mat(take(c.vocab * D), c.vocab, D);
   for (int64_t l = 0; l < Lr; ++l) {
     LayerWeights& L = m->w.layers[l];
     L.attn_norm = rms_att + l * D;
-    L.wq = wq + l * D * D;
-    L.wk = wk + l * KV * D;
-    L.wv = wv + l * KV * D;
-    L.wo = wo + l * D * D;
+    L.wq = mat(wq + l * D * D, D, D);
+    L.wk = mat(wk + l * KV * D, KV, D);
+    L.wv = mat(wv + l * KV * D, KV, D);
+    L.wo = mat(wo + l * D * D, D, D);
     L.ffn_norm = rms_ffn + l * D;
-    L.w_gate = w1 + l * F * D;
-    L.w_down = w2 + l * D * F;
-    L.w_up = w3 + l * F * D;
+    L.w_gate = mat(w1 + l * F * D, F, D);
+    L.w_down = mat(w2 + l * D * F, D, F);
+    L.w_up = mat(w3 + l * F * D, F, D);
   }
   m->w.tensor_types.push_back("F32 (llama2.c)");
   if (opt.need_tokenizer) {
@@ -257,7 +307,8 @@ std::unique_ptr<Model> load_llama2c(const std::string& path, const LoadOptions& 
 
 // ---------------------------------------------------------------- safetensors + config.json
 std::unique_ptr<Model> load_safetensors(const std::string& dir, const LoadOptions& opt) {
-  io::SafetensorsModel st = io::load_safetensors_dir(dir);
+  auto st_ptr = std::make_shared<io::SafetensorsModel>(io::load_safetensors_dir(dir));
+  io::SafetensorsModel& st = *st_ptr;
   const nlohmann::json& j = st.config;
   const std::string cfg_path = (fs::path(dir) / "config.json").string();
   auto m = std::make_unique<Model>();
@@ -334,8 +385,8 @@ std::unique_ptr<Model> load_safetensors(const std::string& dir, const LoadOption
   check_config(c, cfg_path);
 
   std::map<std::string, int> type_count;
-  auto get = [&](const std::string& name, std::vector<int64_t> shape, bool required = true,
-                 bool transpose = false) -> const float* {
+  bool viewed = false;
+  auto find = [&](const std::string& name, const std::vector<int64_t>& shape, bool required) -> const io::STTensor* {
     const io::STTensor* t = st.find(name);
     if (!t) {
       FOCUS_CHECK(!required, dir, ": missing tensor '", name, "'");
@@ -344,6 +395,27 @@ std::unique_ptr<Model> load_safetensors(const std::string& dir, const LoadOption
     FOCUS_CHECK(t->shape == shape, dir, ": tensor '", name, "' has an unexpected shape");
     type_count[t->dtype]++;
     m->w.n_params += t->n_elements();
+    return t;
+  };
+  // Matrices [rows, cols] in F32 / F16 / BF16 as LoadOptions::weights says (other dtypes: the
+  // float conversion's error names them).
+  auto mat = [&](const std::string& name, std::vector<int64_t> shape, bool required = true) -> Weight {
+    const io::STTensor* t = find(name, shape, required);
+    if (!t) return Weight{};
+    const std::string& dt = t->dtype;
+    if (dt == "F32" || dt == "F16" || dt == "BF16") {
+      const io::GGMLType type = dt == "F32" ? io::GGMLType::F32 : dt == "F16" ? io::GGMLType::F16 : io::GGMLType::BF16;
+      return hold_matrix(m->w, opt.weights, type, shape[0], shape[1], t->data, true, viewed);
+    }
+    std::vector<float> v = st.owner(name).to_float(*t);
+    bool unused = false;
+    return hold_matrix(m->w, opt.weights, io::GGMLType::F32, shape[0], shape[1],
+                       reinterpret_cast<const uint8_t*>(v.data()), false, unused);
+  };
+  auto get = [&](const std::string& name, std::vector<int64_t> shape, bool required = true,
+                 bool transpose = false) -> const float* {
+    const io::STTensor* t = find(name, shape, required);
+    if (!t) return nullptr;
     std::vector<float> v = st.owner(name).to_float(*t);
     if (transpose) {  // Conv1D [in, out] -> Linear [out, in]
       std::vector<float> tr(v.size());
@@ -365,8 +437,16 @@ std::unique_ptr<Model> load_safetensors(const std::string& dir, const LoadOption
   };
   const int64_t D = c.dim, QD = c.q_dim(), KV = c.kv_dim(), F = c.ffn;
   m->w.layers.resize(c.layers);
+  // GPT-2's Conv1D matrices are stored [in, out]: transposed into float32, then held.
+  auto conv1d = [&](const std::string& name, int64_t in, int64_t out) {
+    const float* t = get(name, {in, out}, true, true);
+    if (opt.weights != WeightsMode::BF16) return Weight::f32(t, out, in);
+    bool unused = false;
+    return hold_matrix(m->w, opt.weights, io::GGMLType::F32, out, in, reinterpret_cast<const uint8_t*>(t), false,
+                       unused);
+  };
   if (c.arch == Arch::GPT2) {
-    m->w.tok_emb = get(pre + "wte.weight", {c.vocab, D});
+    m->w.tok_emb = mat(pre + "wte.weight", {c.vocab, D});
     m->w.pos_emb = get(pre + "wpe.weight", {c.max_ctx, D});
     m->w.out_norm = get(pre + "ln_f.weight", {D});
     m->w.out_norm_b = get(pre + "ln_f.bias", {D});
@@ -376,43 +456,43 @@ std::unique_ptr<Model> load_safetensors(const std::string& dir, const LoadOption
       LayerWeights& L = m->w.layers[l];
       L.attn_norm = get(p + "ln_1.weight", {D});
       L.attn_norm_b = get(p + "ln_1.bias", {D});
-      const float* qkv = get(p + "attn.c_attn.weight", {D, 3 * D}, true, true);  // now [3D, D]
+      const Weight qkv = conv1d(p + "attn.c_attn.weight", D, 3 * D);  // now [3D, D]
       const float* qkv_b = get(p + "attn.c_attn.bias", {3 * D});
-      L.wq = qkv;
-      L.wk = qkv + D * D;
-      L.wv = qkv + 2 * D * D;
+      L.wq = Weight{qkv.type, D, D, qkv.row(0)};
+      L.wk = Weight{qkv.type, D, D, qkv.row(D)};
+      L.wv = Weight{qkv.type, D, D, qkv.row(2 * D)};
       L.bq = qkv_b;
       L.bk = qkv_b + D;
       L.bv = qkv_b + 2 * D;
-      L.wo = get(p + "attn.c_proj.weight", {D, D}, true, true);
+      L.wo = conv1d(p + "attn.c_proj.weight", D, D);
       L.bo = get(p + "attn.c_proj.bias", {D});
       L.ffn_norm = get(p + "ln_2.weight", {D});
       L.ffn_norm_b = get(p + "ln_2.bias", {D});
-      L.w_up = get(p + "mlp.c_fc.weight", {D, F}, true, true);
+      L.w_up = conv1d(p + "mlp.c_fc.weight", D, F);
       L.b_up = get(p + "mlp.c_fc.bias", {F});
-      L.w_down = get(p + "mlp.c_proj.weight", {F, D}, true, true);
+      L.w_down = conv1d(p + "mlp.c_proj.weight", F, D);
       L.b_down = get(p + "mlp.c_proj.bias", {D});
     }
   } else {
-    m->w.tok_emb = get(pre + "embed_tokens.weight", {c.vocab, D});
+    m->w.tok_emb = mat(pre + "embed_tokens.weight", {c.vocab, D});
     m->w.out_norm = get_norm(pre + "norm.weight", D);
-    m->w.lm_head = get("lm_head.weight", {c.vocab, D}, false);
-    c.tied_output = m->w.lm_head == nullptr;
+    m->w.lm_head = mat("lm_head.weight", {c.vocab, D}, false);
+    c.tied_output = !m->w.lm_head;
     if (c.tied_output) m->w.lm_head = m->w.tok_emb;
     for (int64_t l = 0; l < c.layers; ++l) {
       const std::string p = pre + "layers." + std::to_string(l) + ".";
       LayerWeights& L = m->w.layers[l];
       L.attn_norm = get_norm(p + "input_layernorm.weight", D);
-      L.wq = get(p + "self_attn.q_proj.weight", {QD, D});
-      L.wk = get(p + "self_attn.k_proj.weight", {KV, D});
-      L.wv = get(p + "self_attn.v_proj.weight", {KV, D});
-      L.wo = get(p + "self_attn.o_proj.weight", {D, QD});
+      L.wq = mat(p + "self_attn.q_proj.weight", {QD, D});
+      L.wk = mat(p + "self_attn.k_proj.weight", {KV, D});
+      L.wv = mat(p + "self_attn.v_proj.weight", {KV, D});
+      L.wo = mat(p + "self_attn.o_proj.weight", {D, QD});
       L.bq = get(p + "self_attn.q_proj.bias", {QD}, false);
       L.bk = get(p + "self_attn.k_proj.bias", {KV}, false);
       L.bv = get(p + "self_attn.v_proj.bias", {KV}, false);
-      L.w_gate = get(p + "mlp.gate_proj.weight", {F, D});
-      L.w_up = get(p + "mlp.up_proj.weight", {F, D});
-      L.w_down = get(p + "mlp.down_proj.weight", {D, F});
+      L.w_gate = mat(p + "mlp.gate_proj.weight", {F, D});
+      L.w_up = mat(p + "mlp.up_proj.weight", {F, D});
+      L.w_down = mat(p + "mlp.down_proj.weight", {D, F});
       if (c.arch == Arch::Gemma3) {
         L.q_norm = get_norm(p + "self_attn.q_norm.weight", c.head_dim);
         L.k_norm = get_norm(p + "self_attn.k_norm.weight", c.head_dim);
@@ -437,8 +517,11 @@ std::unique_ptr<Model> load_safetensors(const std::string& dir, const LoadOption
     FOCUS_CHECK(!tp.empty(), dir, ": no tokenizer found (tokenizer.json or vocab.json + merges.txt); pass --tokenizer");
     m->tok = io::load_tokenizer(tp);
   }
+  if (viewed) m->w.owners.push_back(st_ptr);
   return m;
 }
+
+std::unique_ptr<Model> load_any(const std::string& path, const LoadOptions& opt);
 
 bool has_suffix(const std::string& s, const std::string& suf) {
   return s.size() >= suf.size() && s.compare(s.size() - suf.size(), suf.size(), suf) == 0;
@@ -457,6 +540,30 @@ std::string default_model_path(const std::string& name) {
   return "";
 }
 
+int64_t ModelWeights::matrix_bytes() const {
+  auto bytes = [](const Weight& w) { return w ? (int64_t)w.bytes() : 0; };
+  int64_t n = bytes(tok_emb) + (lm_head.data != tok_emb.data ? bytes(lm_head) : 0);
+  for (const LayerWeights& L : layers)
+    for (const Weight* w : {&L.wq, &L.wk, &L.wv, &L.wo, &L.w_gate, &L.w_up, &L.w_down}) n += bytes(*w);
+  return n;
+}
+
+WeightsMode parse_weights_mode(const std::string& s) {
+  if (s == "native") return WeightsMode::Native;
+  if (s == "f32") return WeightsMode::F32;
+  if (s == "bf16") return WeightsMode::BF16;
+  fail("--weights: unknown mode '", s, "' (native, f32 or bf16)");
+}
+
+std::string to_string(WeightsMode m) {
+  switch (m) {
+    case WeightsMode::Native: return "native";
+    case WeightsMode::F32: return "f32";
+    case WeightsMode::BF16: return "bf16";
+  }
+  return "?";
+}
+
 std::unique_ptr<Model> load_model(const std::string& spec, const LoadOptions& opt) {
   std::string path = spec;
   if (const std::string d = default_model_path(spec); !d.empty()) {
@@ -464,6 +571,13 @@ std::unique_ptr<Model> load_model(const std::string& spec, const LoadOptions& op
     path = d;
   }
   FOCUS_CHECK(fs::exists(path), path, ": no such file or folder");
+  std::unique_ptr<Model> m = load_any(path, opt);
+  m->w.weights_mode = to_string(opt.weights);
+  return m;
+}
+
+namespace {
+std::unique_ptr<Model> load_any(const std::string& path, const LoadOptions& opt) {
   if (fs::is_directory(path)) return load_safetensors(path, opt);
   // Decide by content, not by name: GGUF files start with the magic "GGUF".
   {
@@ -475,5 +589,6 @@ std::unique_ptr<Model> load_model(const std::string& spec, const LoadOptions& op
   }
   return load_llama2c(path, opt);
 }
+}  // namespace
 
 }  // namespace focus

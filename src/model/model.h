@@ -14,9 +14,17 @@
 
 namespace focus {
 
+// How the matrices are held in memory: as in the file (quantised blocks, F16, BF16, F32; views
+// of the memory-mapped file where it allows), dequantised to float32 (the exact path), or
+// converted to BF16.
+enum class WeightsMode { Native, F32, BF16 };
+WeightsMode parse_weights_mode(const std::string& s);  // "native", "f32", "bf16"; throws Error
+std::string to_string(WeightsMode m);
+
 struct LoadOptions {
   std::string tokenizer;   // explicit tokenizer path (llama2.c models, or to override)
   bool need_tokenizer = true;
+  WeightsMode weights = WeightsMode::Native;
 };
 
 struct Model {

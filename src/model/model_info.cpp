@@ -32,6 +32,8 @@ nlohmann::json model_info_json(const Model& m) {
   j["params"] = m.w.n_params;
   j["tied_output"] = c.tied_output;
   j["tensor_types"] = m.w.tensor_types;
+  j["weights"] = m.w.weights_mode;
+  j["matrix_bytes"] = m.w.matrix_bytes();
   j["layer_sliding_window"] = c.layer_sliding_window;
   j["rope"] = c.rope_dim == 0 ? "none"
                               : (c.rope_style == cpu::RopeStyle::Interleaved ? "interleaved" : "split-half");
@@ -61,6 +63,7 @@ std::string model_info_text(const Model& m) {
   std::string types;
   for (auto& t : m.w.tensor_types) types += (types.empty() ? "" : ", ") + t;
   s += "tensor types: " + types + "\n";
+  appendf(s, "weights:      %s, matrices %.1f MB in memory\n", m.w.weights_mode.c_str(), m.w.matrix_bytes() / 1e6);
   if (m.tok) appendf(s, "tokenizer:    %d tokens, bos %d, eos %d\n", m.tok->vocab_size(), m.tok->bos(), m.tok->eos());
   return s;
 }

@@ -1,9 +1,13 @@
-// Model weights in float32 (quantised files are dequantised once at load).
+// Model weights. The matrices of the linear layers (and the embedding table) are Weights: in the
+// model file's own format (quantised blocks, F16, BF16 or F32, memory-mapped where the file allows)
+// or converted at load, as LoadOptions::weights says. Norm scales and biases are float32.
 #pragma once
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "kernels/cpu/weight.h"
 #include "model/config.h"
 
 namespace focus {
@@ -12,34 +16,43 @@ namespace focus {
 // Matrices are (out, in) row-major like a Linear layer.
 struct LayerWeights {
   const float* attn_norm = nullptr;  const float* attn_norm_b = nullptr;   // [dim]
-  const float* wq = nullptr;  const float* bq = nullptr;                   // [q_dim, dim]
-  const float* wk = nullptr;  const float* bk = nullptr;                   // [kv_dim, dim]
-  const float* wv = nullptr;  const float* bv = nullptr;                   // [kv_dim, dim]
-  const float* wo = nullptr;  const float* bo = nullptr;                   // [dim, q_dim]
+  Weight wq;  const float* bq = nullptr;                   // [q_dim, dim]
+  Weight wk;  const float* bk = nullptr;                   // [kv_dim, dim]
+  Weight wv;  const float* bv = nullptr;                   // [kv_dim, dim]
+  Weight wo;  const float* bo = nullptr;                   // [dim, q_dim]
   const float* q_norm = nullptr;  const float* k_norm = nullptr;           // [head_dim]
   const float* post_attn_norm = nullptr;                                    // [dim]
   const float* ffn_norm = nullptr;  const float* ffn_norm_b = nullptr;     // [dim]
-  const float* w_gate = nullptr;                                            // [ffn, dim]
-  const float* w_up = nullptr;  const float* b_up = nullptr;               // [ffn, dim]
-  const float* w_down = nullptr;  const float* b_down = nullptr;           // [dim, ffn]
+  Weight w_gate;                                            // [ffn, dim]
+  Weight w_up;  const float* b_up = nullptr;               // [ffn, dim]
+  Weight w_down;  const float* b_down = nullptr;           // [dim, ffn]
   const float* post_ffn_norm = nullptr;                                     // [dim]
 };
 
 struct ModelWeights {
-  const float* tok_emb = nullptr;   // [vocab, dim]
+  Weight tok_emb;   // [vocab, dim]
   const float* pos_emb = nullptr;   // [max_ctx, dim] (learned positions)
   const float* out_norm = nullptr;  const float* out_norm_b = nullptr;
-  const float* lm_head = nullptr;   // [vocab, dim] (== tok_emb when tied)
+  Weight lm_head;   // [vocab, dim] (== tok_emb when tied)
   std::vector<LayerWeights> layers;
 
-  // Owned storage behind the pointers above.
+  // Owned storage behind the pointers above, and whatever keeps a memory-mapped file alive.
   std::vector<std::vector<float>> storage;
+  std::vector<std::vector<uint16_t>> storage16;
+  std::vector<std::shared_ptr<const void>> owners;
   const float* keep(std::vector<float> v) {
     storage.push_back(std::move(v));
     return storage.back().data();
   }
+  const uint16_t* keep16(std::vector<uint16_t> v) {
+    storage16.push_back(std::move(v));
+    return storage16.back().data();
+  }
   int64_t n_params = 0;              // distinct parameters (tied output counted once)
-  std::vector<std::string> tensor_types;  // e.g. "Q4_1 x 210" for info
+  std::vector<std::string> tensor_types;  // e.g. "Q4_1 x 210" for info (as in the file)
+  std::string weights_mode;                // "native", "f32" or "bf16": how the matrices are held
+  // Bytes of the matrices as held in memory (views of a mapped file included).
+  int64_t matrix_bytes() const;
 };
 
 }  // namespace focus

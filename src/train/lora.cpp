@@ -83,7 +83,7 @@ LoraMatrix make_matrix(const ModelConfig& c, int64_t layer, int target, int64_t 
   return m;
 }
 
-const float** proj_ptr(LayerWeights& L, int target) {
+Weight* proj_ptr(LayerWeights& L, int target) {
   switch (target) {
     case kLoraQ: return &L.wq;
     case kLoraK: return &L.wk;
@@ -240,9 +240,11 @@ void apply_lora(Model& m, const LoraAdapters& a) {
   check_fits(m.cfg, a);
   const float s = a.settings.scale();
   for (const auto& mat : a.mats) {
-    const float** w = proj_ptr(m.w.layers[mat.layer], mat.target);
+    Weight* w = proj_ptr(m.w.layers[mat.layer], mat.target);
     FOCUS_CHECK(*w, m.path, ": layer ", mat.layer, " has no ", lora_target_name(mat.target), " projection to adapt");
-    *w = m.w.keep(lora_merged(*w, mat, s));
+    // Merged in float32 (whatever the weight's type): the adapter's update is not quantised.
+    const std::vector<float> base = dequantize_all(*w);
+    *w = Weight::f32(m.w.keep(lora_merged(base.data(), mat, s)), w->rows, w->cols);
   }
 }
 
@@ -259,6 +261,8 @@ Model lora_merged_view(const Model& m, const LoraAdapters& a) {
   v.w.layers = m.w.layers;
   v.w.n_params = m.w.n_params;
   v.w.tensor_types = m.w.tensor_types;
+  v.w.weights_mode = m.w.weights_mode;
+  v.w.owners = m.w.owners;
   apply_lora(v, a);
   return v;
 }

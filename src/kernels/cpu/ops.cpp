@@ -2,8 +2,12 @@
 
 #include <cblas.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <vector>
+
+#include "core/error.h"
 
 namespace focus::cpu {
 namespace {
@@ -44,6 +48,59 @@ void linear_backward_input(const float* dy, const float* W, float* dx, int64_t M
   GemmTimer timer(2.0 * M * N * K);
   cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)M, (int)K, (int)N, 1.0f, dy, (int)N, W, (int)K,
               accumulate ? 1.0f : 0.0f, dx, (int)K);
+}
+
+namespace {
+
+void check_shape(const Weight& W, int64_t K, int64_t N) {
+  FOCUS_CHECK(W.data && W.cols == K && W.rows == N, "linear: a ", W.rows, " x ", W.cols, " ", io::type_name(W.type),
+              " weight used as ", N, " x ", K);
+}
+
+// Rows of W per dequantised tile: about 8 MB of float32, at least one row.
+int64_t tile_rows(const Weight& W) {
+  return std::clamp<int64_t>((int64_t{8} << 20) / (int64_t)(sizeof(float) * std::max<int64_t>(W.cols, 1)), 1, W.rows);
+}
+
+// Rows [r0, r0 + n) of W as float32 into a buffer of the calling thread, dequantised in parallel.
+const float* dequantized_tile(const Weight& W, int64_t r0, int64_t n) {
+  thread_local std::vector<float> buf;
+  if (buf.size() < (size_t)(n * W.cols)) buf.resize((size_t)(n * W.cols));
+  float* out = buf.data();
+#pragma omp parallel for schedule(static) if (n * W.cols > 32768)
+  for (int64_t r = 0; r < n; ++r) dequantize_rows(W, r0 + r, 1, out + r * W.cols);
+  return out;
+}
+
+}  // namespace
+
+void linear(const float* x, const Weight& W, const float* bias, float* y, int64_t M, int64_t K, int64_t N) {
+  check_shape(W, K, N);
+  if (W.is_f32()) return linear(x, W.f32_data(), bias, y, M, K, N);
+  GemmTimer timer(2.0 * M * N * K);
+  const int64_t R = tile_rows(W);
+  for (int64_t n0 = 0; n0 < N; n0 += R) {
+    const int64_t n = std::min(R, N - n0);
+    const float* Wt = dequantized_tile(W, n0, n);
+    if (bias)
+      for (int64_t r = 0; r < M; ++r) std::copy(bias + n0, bias + n0 + n, y + r * N + n0);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)M, (int)n, (int)K, 1.0f, x, (int)K, Wt, (int)K,
+                bias ? 1.0f : 0.0f, y + n0, (int)N);
+  }
+}
+
+void linear_backward_input(const float* dy, const Weight& W, float* dx, int64_t M, int64_t K, int64_t N,
+                           bool accumulate) {
+  check_shape(W, K, N);
+  if (W.is_f32()) return linear_backward_input(dy, W.f32_data(), dx, M, K, N, accumulate);
+  GemmTimer timer(2.0 * M * N * K);
+  const int64_t R = tile_rows(W);
+  for (int64_t n0 = 0; n0 < N; n0 += R) {
+    const int64_t n = std::min(R, N - n0);
+    const float* Wt = dequantized_tile(W, n0, n);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)M, (int)K, (int)n, 1.0f, dy + n0, (int)N, Wt, (int)K,
+                (accumulate || n0 > 0) ? 1.0f : 0.0f, dx, (int)K);
+  }
 }
 
 void rmsnorm(const float* x, const float* w, float* out, int64_t rows, int64_t dim, float eps) {

@@ -5,10 +5,18 @@
 #pragma once
 #include <cstdint>
 
+#include "kernels/cpu/weight.h"
+
 namespace focus::cpu {
 
 // y[M, N] = x[M, K] * W[N, K]^T (+ bias[N] if not null). W is stored (out, in) like a Linear.
 void linear(const float* x, const float* W, const float* bias, float* y, int64_t M, int64_t K, int64_t N);
+// Same for a weight in any type (W.rows == N, W.cols == K, checked). F32 weights take the float path
+// above. Otherwise a few rows (decoding: M <= kMatvecMaxRows) go through the quantised
+// matrix-vector kernels (quant_matvec.h), and more rows (prefill) through tiles of W dequantised
+// into float32 and sgemm.
+constexpr int64_t kMatvecMaxRows = 8;
+void linear(const float* x, const Weight& W, const float* bias, float* y, int64_t M, int64_t K, int64_t N);
 // Same, accumulating: y += x * W^T.
 void linear_acc(const float* x, const float* W, float* y, int64_t M, int64_t K, int64_t N);
 
@@ -44,6 +52,9 @@ double log_prob(const float* logits, int64_t n, int64_t target);
 // ---- Backward passes.
 // For y[M, N] = x[M, K] W[N, K]^T: dx[M, K] (+)= dy[M, N] W[N, K]. accumulate=false overwrites.
 void linear_backward_input(const float* dy, const float* W, float* dx, int64_t M, int64_t K, int64_t N,
+                           bool accumulate);
+// Same for a weight in any type (dequantised a tile at a time).
+void linear_backward_input(const float* dy, const Weight& W, float* dx, int64_t M, int64_t K, int64_t N,
                            bool accumulate);
 
 // For y = rmsnorm(x) * w (w may be null): dx (+)= dL/dx given dy. x is the norm's input.

@@ -1,6 +1,8 @@
 // focus bench attention: dense causal vs Focus fused vs two-call attention on random inputs.
+// focus bench model: prefill and generation speed of a model, as llama-bench measures them.
 #include "cli/setup.h"
 #include "eval/bench_attention.h"
+#include "eval/bench_model.h"
 
 namespace focus::cli {
 
@@ -23,7 +25,22 @@ Command add_bench(CLI::App& app) {
   ba->add_option("--decode", bo->decode, "also time decoding the last N positions from a cache (0: skip; default 32)");
   ba->add_option("--seed", bo->seed, "seed of the random inputs and router");
   ba->add_flag("--json", bo->json, "last stdout line is a JSON object");
-  return {bench, [bo, ba] {
+  auto mo = std::make_shared<ModelBenchOptions>();
+  auto ms = std::make_shared<ModelSetup>();
+  auto* bm = bench->add_subcommand("model", "prefill and generation tokens/s of a model (random tokens, like llama-bench)");
+  ms->add_model(bm);
+  ms->add_focus(bm);
+  bm->add_option("--prefill", mo->prefill, "prompt lengths to time (comma separated; default 512,2048)")->delimiter(',');
+  bm->add_option("--depth", mo->depth, "cache depths to generate at (comma separated; default 0,4096)")->delimiter(',');
+  bm->add_option("--gen", mo->gen, "tokens generated per generation test (default 64)");
+  bm->add_option("--reps", mo->reps, "timed repetitions (median, after a warm-up)");
+  bm->add_option("--seed", mo->seed, "seed of the random tokens");
+  bm->add_flag("--json", mo->json, "last stdout line is a JSON object");
+  return {bench, [bo, ba, bm, mo, ms] {
+            if (bm->parsed()) {
+              Loaded l = ms->load();
+              return run_model_bench(*l.model, l.attention(), l.describe(), *mo);
+            }
             AttnBenchOptions o = *bo;
             if (!ba->count("--kv-heads")) o.kv_heads = o.heads;
             return run_attention_bench(o);

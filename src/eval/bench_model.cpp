@@ -1,0 +1,108 @@
+#include "eval/bench_model.h"
+
+#include <sys/resource.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <nlohmann/json.hpp>
+#include <random>
+
+#include "core/error.h"
+#include "core/progress.h"
+#include "core/threads.h"
+
+namespace focus {
+namespace {
+
+double now() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
+}
+
+std::vector<int32_t> random_ids(int64_t n, int64_t vocab, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::uniform_int_distribution<int32_t> d(0, (int32_t)vocab - 1);
+  std::vector<int32_t> ids(n);
+  for (auto& t : ids) t = d(rng);
+  return ids;
+}
+
+double peak_rss_mb() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return u.ru_maxrss / 1024.0;  // kilobytes on Linux
+}
+
+}  // namespace
+
+int run_model_bench(const Model& m, const AttentionPlan* plan, const std::string& attention,
+                    const ModelBenchOptions& o, nlohmann::json* result) {
+  const ModelConfig& c = m.cfg;
+  FOCUS_CHECK(o.reps >= 1, "bench model: --reps must be >= 1");
+  FOCUS_CHECK(o.gen >= 1 || o.depth.empty(), "bench model: --gen must be >= 1");
+  for (int64_t p : o.prefill) FOCUS_CHECK(p >= 1 && p <= c.max_ctx, "bench model: prefill ", p, " outside 1..", c.max_ctx);
+  for (int64_t d : o.depth)
+    FOCUS_CHECK(d >= 0 && d + o.gen <= c.max_ctx, "bench model: depth ", d, " + ", o.gen, " generated tokens exceed the ",
+                "model's context ", c.max_ctx);
+  nlohmann::json j;
+  j["model"] = m.path;
+  j["weights"] = m.w.weights_mode;
+  j["matrix_bytes"] = m.w.matrix_bytes();
+  j["threads"] = num_threads();
+  j["attention"] = attention;
+  std::printf("model %s, weights %s (%.1f MB of matrices), %d threads, attention %s\n", m.path.c_str(),
+              m.w.weights_mode.c_str(), m.w.matrix_bytes() / 1e6, num_threads(), attention.c_str());
+  std::printf("%-8s %8s %8s %12s %10s\n", "test", "tokens", "depth", "tok/s", "seconds");
+  std::vector<float> logits(c.vocab);
+  nlohmann::json rows = nlohmann::json::array();
+  for (int64_t P : o.prefill) {
+    const std::vector<int32_t> ids = random_ids(P, c.vocab, o.seed + (uint64_t)P);
+    std::vector<float> hidden(P * c.dim);
+    std::vector<double> t;
+    for (int r = 0; r <= o.reps && !interrupted(); ++r) {
+      KVCache cache;
+      cache.init(c, P);
+      const double t0 = now();
+      forward(m, ids.data(), P, cache, hidden.data(), plan);
+      compute_logits(m, hidden.data() + (P - 1) * c.dim, 1, logits.data());
+      if (r > 0) t.push_back(now() - t0);  // the first run warms up
+    }
+    if (t.empty()) break;
+    const double s = median(t);
+    std::printf("%-8s %8lld %8d %12.1f %10.4f\n", "prefill", (long long)P, 0, P / s, s);
+    rows.push_back({{"test", "prefill"}, {"tokens", P}, {"depth", 0}, {"tok_per_s", P / s}, {"seconds", s}});
+  }
+  for (int64_t D : o.depth) {
+    const std::vector<int32_t> ids = random_ids(D + o.gen, c.vocab, o.seed + 7 * (uint64_t)D + 1);
+    KVCache cache;
+    cache.init(c, D + o.gen);
+    std::vector<float> hidden(std::max<int64_t>(D, 1) * c.dim);
+    if (D > 0) forward(m, ids.data(), D, cache, hidden.data(), plan);  // untimed: fills the cache
+    std::vector<double> t;
+    for (int r = 0; r <= o.reps && !interrupted(); ++r) {
+      cache.truncate(D);
+      const double t0 = now();
+      for (int64_t i = 0; i < o.gen; ++i) {
+        forward(m, &ids[D + i], 1, cache, hidden.data(), plan);
+        compute_logits(m, hidden.data(), 1, logits.data());
+      }
+      if (r > 0) t.push_back(now() - t0);
+    }
+    if (t.empty()) break;
+    const double s = median(t);
+    std::printf("%-8s %8lld %8lld %12.1f %10.4f\n", "generate", (long long)o.gen, (long long)D, o.gen / s, s);
+    rows.push_back({{"test", "generate"}, {"tokens", o.gen}, {"depth", D}, {"tok_per_s", o.gen / s}, {"seconds", s}});
+  }
+  j["results"] = rows;
+  j["peak_rss_mb"] = peak_rss_mb();
+  j["interrupted"] = interrupted();
+  std::printf("peak resident memory %.1f MB\n", peak_rss_mb());
+  if (o.json) std::printf("%s\n", j.dump().c_str());
+  if (result) *result = j;
+  return 0;
+}
+
+}  // namespace focus

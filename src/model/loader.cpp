@@ -73,7 +73,7 @@ Weight hold_matrix(ModelWeights& w, WeightsMode mode, io::GGMLType type, int64_t
   const bool aligned2 = reinterpret_cast<uintptr_t>(data) % 2 == 0;
   Weight out{type, rows, cols, data};
   if (can_view) {
-    if (type == GGMLType::F32 && aligned4) return viewed = true, out;                          // every mode
+    if (type == GGMLType::F32 && aligned4 && mode != WeightsMode::BF16) return viewed = true, out;
     if (mode == WeightsMode::BF16 && type == GGMLType::BF16 && aligned2) return viewed = true, out;
     if (mode == WeightsMode::Native && type != GGMLType::F32) return viewed = true, out;  // kernels read bytes
   }

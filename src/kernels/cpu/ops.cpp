@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "kernels/cpu/quant_matvec.h"
 
 namespace focus::cpu {
 namespace {
@@ -78,6 +79,13 @@ void linear(const float* x, const Weight& W, const float* bias, float* y, int64_
   check_shape(W, K, N);
   if (W.is_f32()) return linear(x, W.f32_data(), bias, y, M, K, N);
   GemmTimer timer(2.0 * M * N * K);
+  if (M <= kMatvecMaxRows) {
+    quant_matvec(x, W, y, M);
+    if (bias)
+      for (int64_t r = 0; r < M; ++r)
+        for (int64_t c = 0; c < N; ++c) y[r * N + c] += bias[c];
+    return;
+  }
   const int64_t R = tile_rows(W);
   for (int64_t n0 = 0; n0 < N; n0 += R) {
     const int64_t n = std::min(R, N - n0);

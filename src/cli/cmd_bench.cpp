@@ -30,7 +30,7 @@ Command add_bench(CLI::App& app) {
   auto* bm = bench->add_subcommand("model", "prefill and generation tokens/s of a model (random tokens, like llama-bench)");
   ms->add_model(bm);
   ms->add_focus(bm);
-  bm->add_option("--prefill", mo->prefill, "prompt lengths to time (comma separated; default 512,2048)")->delimiter(',');
+  bm->add_option("--prefill", mo->prefill, "prompt lengths to time (comma separated; default 512,2048; 0: none)")->delimiter(',');
   bm->add_option("--depth", mo->depth, "cache depths to generate at (comma separated; default 0,4096)")->delimiter(',');
   bm->add_option("--gen", mo->gen, "tokens generated per generation test (default 64)");
   bm->add_option("--reps", mo->reps, "timed repetitions (median, after a warm-up)");

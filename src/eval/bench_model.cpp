@@ -43,7 +43,7 @@ int run_model_bench(const Model& m, const AttentionPlan* plan, const std::string
   const ModelConfig& c = m.cfg;
   FOCUS_CHECK(o.reps >= 1, "bench model: --reps must be >= 1");
   FOCUS_CHECK(o.gen >= 1 || o.depth.empty(), "bench model: --gen must be >= 1");
-  for (int64_t p : o.prefill) FOCUS_CHECK(p >= 1 && p <= c.max_ctx, "bench model: prefill ", p, " outside 1..", c.max_ctx);
+  for (int64_t p : o.prefill) FOCUS_CHECK(p >= 0 && p <= c.max_ctx, "bench model: prefill ", p, " outside 1..", c.max_ctx);
   for (int64_t d : o.depth)
     FOCUS_CHECK(d >= 0 && d + o.gen <= c.max_ctx, "bench model: depth ", d, " + ", o.gen, " generated tokens exceed the ",
                 "model's context ", c.max_ctx);
@@ -59,6 +59,7 @@ int run_model_bench(const Model& m, const AttentionPlan* plan, const std::string
   std::vector<float> logits(c.vocab);
   nlohmann::json rows = nlohmann::json::array();
   for (int64_t P : o.prefill) {
+    if (P == 0) continue;  // --prefill 0: no prefill test
     const std::vector<int32_t> ids = random_ids(P, c.vocab, o.seed + (uint64_t)P);
     std::vector<float> hidden(P * c.dim);
     std::vector<double> t;

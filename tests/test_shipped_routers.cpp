@@ -32,7 +32,11 @@ struct Shipped {
 
 Shipped load_shipped(int64_t n_tokens) {
   Shipped s;
-  s.m = load_model(smollm2_path(), LoadOptions{});
+  // The exact weights: decoding one token at a time must reproduce the prefill bit for bit up to
+  // float rounding (with native weights the decoding rows take the int8 kernels, prefill does not).
+  LoadOptions lo;
+  lo.weights = WeightsMode::F32;
+  s.m = load_model(smollm2_path(), lo);
   s.f = load_focus(shipped(), s.m->cfg);
   s.f.settings.mode = FocusMode::Hard;
   s.plan = focus_plan(s.m->cfg, s.f);

@@ -1,0 +1,429 @@
+// quant_matvec: instruction-set dispatch, activation quantisation, threading, and the portable
+// kernels (every type; used as they are on CPUs without AVX2 and for the types the vector files
+// do not cover).
+#include "kernels/cpu/quant_matvec.h"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "core/error.h"
+#include "kernels/cpu/quant_matvec_impl.h"
+
+namespace focus::cpu {
+
+using io::GGMLType;
+using namespace qmv;
+
+namespace {
+
+enum Isa : int { Generic = 0, Avx2 = 1, Avx512 = 2 };
+const char* const kIsaNames[] = {"generic", "avx2", "avx512vnni"};
+
+bool cpu_has(Isa isa) {
+  __builtin_cpu_init();
+  switch (isa) {
+    case Generic: return true;
+    case Avx2:
+      return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+    case Avx512:
+      return cpu_has(Avx2) && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+             __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni");
+  }
+  return false;
+}
+
+Isa best_isa() { return cpu_has(Avx512) ? Avx512 : cpu_has(Avx2) ? Avx2 : Generic; }
+
+std::atomic<int>& current_isa() {
+  static std::atomic<int> isa{(int)best_isa()};
+  return isa;
+}
+
+int isa_index(const std::string& name) {
+  if (name == "best") return (int)best_isa();
+  for (int i = 0; i < 3; ++i)
+    if (name == kIsaNames[i]) return i;
+  return -1;
+}
+
+// ---------------------------------------------------------------- activation quantisation
+
+constexpr int64_t kPad = 512;  // activations are padded with zeros to a multiple of this
+
+// 16-element chunks of each 128-element group, in the order a layout stores them.
+const int* layout_chunks(ActLayout l) {
+  static const int natural[8] = {0, 1, 2, 3, 4, 5, 6, 7};
+  static const int nib16[8] = {0, 2, 4, 6, 1, 3, 5, 7};
+  static const int nib32[8] = {0, 1, 4, 5, 2, 3, 6, 7};
+  static const int nib16x2[8] = {0, 2, 1, 3, 4, 6, 5, 7};
+  switch (l) {
+    case ActLayout::Natural: return natural;
+    case ActLayout::Nib16: return nib16;
+    case ActLayout::Nib32: return nib32;
+    case ActLayout::Nib16x2: return nib16x2;
+  }
+  return natural;
+}
+
+struct ActBuffers {
+  std::vector<int8_t> q;
+  std::vector<float> d32, s32, d16, s16, dl, sl;
+  std::vector<int32_t> sum16;
+};
+
+void quantize_row_generic(const float* x, int64_t K, int8_t* q, float* d, int32_t* sum16) {
+  for (int64_t b = 0; b < K / 32; ++b, x += 32, q += 32) {
+    float amax = 0.f;
+    for (int i = 0; i < 32; ++i) amax = std::max(amax, std::fabs(x[i]));
+    const float db = amax / 127.f;
+    int32_t s0 = 0, s1 = 0;
+    for (int i = 0; i < 32; ++i) {
+      const int v = db > 0.f ? (int)std::nearbyint(x[i] / db) : 0;
+      q[i] = (int8_t)v;
+      (i < 16 ? s0 : s1) += v;
+    }
+    d[b] = db;
+    sum16[2 * b] = s0;
+    sum16[2 * b + 1] = s1;
+  }
+}
+
+// Quantises the M rows of x[M, K] into bufs (reused across calls) and describes them in a.
+void quantize_rows(const float* x, int64_t M, int64_t K, ActLayout layout, ActLanes lanes, QuantizeRowFn qrow,
+                   ActBuffers& bufs, Act& a) {
+  const int64_t Kp = (K + kPad - 1) / kPad * kPad, nb = Kp / 32, nbk = K / 32;
+  bufs.q.resize((size_t)(M * Kp));
+  bufs.d32.resize((size_t)(M * nb));
+  bufs.s32.resize((size_t)(M * nb));
+  bufs.d16.resize((size_t)(M * nb * 2));
+  bufs.s16.resize((size_t)(M * nb * 2));
+  bufs.sum16.resize((size_t)(nb * 2));
+  const int* chunks = layout_chunks(layout);
+  for (int64_t m = 0; m < M; ++m) {
+    int8_t* qr = bufs.q.data() + m * Kp;
+    float *d32 = bufs.d32.data() + m * nb, *s32 = bufs.s32.data() + m * nb;
+    float *d16 = bufs.d16.data() + m * nb * 2, *s16 = bufs.s16.data() + m * nb * 2;
+    const int32_t* sum16 = bufs.sum16.data();
+    qrow(x + m * K, K, qr, d32, bufs.sum16.data());
+    std::memset(qr + K, 0, (size_t)(Kp - K));
+    for (int64_t b = 0; b < nb; ++b) {
+      if (b >= nbk) {
+        d32[b] = s32[b] = d16[2 * b] = d16[2 * b + 1] = s16[2 * b] = s16[2 * b + 1] = 0.f;
+        continue;
+      }
+      const float d = d32[b];
+      s32[b] = d * (float)(sum16[2 * b] + sum16[2 * b + 1]);
+      d16[2 * b] = d16[2 * b + 1] = d;
+      s16[2 * b] = d * (float)sum16[2 * b];
+      s16[2 * b + 1] = d * (float)sum16[2 * b + 1];
+    }
+    if (layout != ActLayout::Natural) {
+      alignas(64) int8_t nat[128];
+      for (int64_t g = 0; g < K; g += 128) {
+        std::memcpy(nat, qr + g, 128);
+        for (int c = 0; c < 8; ++c) std::memcpy(qr + g + 16 * c, nat + 16 * chunks[c], 16);
+      }
+    }
+  }
+  const int64_t per = lanes == ActLanes::Lanes4 ? 4 : 8, nl = lanes == ActLanes::None ? 0 : nb * per;
+  bufs.dl.resize((size_t)(M * nl));
+  bufs.sl.resize((size_t)(M * nl));
+  if (nl > 0)
+    for (int64_t b = 0; b < M * nb; ++b) {
+      float* dl = bufs.dl.data() + b * per;
+      float* sl = bufs.sl.data() + b * per;
+      for (int64_t l = 0; l < per; ++l) dl[l] = bufs.d32[b], sl[l] = 0.f;
+      sl[0] = bufs.s32[b];
+    }
+  a.dl = bufs.dl.data();
+  a.sl = bufs.sl.data();
+  a.nl = nl;
+  a.M = M;
+  a.K = K;
+  a.Kp = Kp;
+  a.q = bufs.q.data();
+  a.d32 = bufs.d32.data();
+  a.s32 = bufs.s32.data();
+  a.d16 = bufs.d16.data();
+  a.s16 = bufs.s16.data();
+  a.x = x;
+}
+
+// ---------------------------------------------------------------- portable kernels
+
+inline uint16_t rd16(const uint8_t* p) {
+  uint16_t v;
+  std::memcpy(&v, p, 2);
+  return v;
+}
+inline float h2f(const uint8_t* p) { return io::fp16_to_fp32(rd16(p)); }
+
+// One row of a quantised weight as integers: W[k] = a[k / 16] * q[k] + b[k / 16] (exactly the
+// products ggml's dequantisation forms).
+struct IntRow {
+  std::vector<int8_t> q;
+  std::vector<float> a, b;
+};
+
+void k_scale_min(int j, const uint8_t* s, int& sc, int& mn) {
+  if (j < 4) {
+    sc = s[j] & 63;
+    mn = s[j + 4] & 63;
+  } else {
+    sc = (s[j + 4] & 0x0F) | ((s[j - 4] >> 6) << 4);
+    mn = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
+  }
+}
+
+void decode_row(GGMLType t, const uint8_t* x, int64_t K, IntRow& r) {
+  r.q.resize((size_t)K);
+  r.a.resize((size_t)K / 16);
+  r.b.resize((size_t)K / 16);
+  int8_t* q = r.q.data();
+  float *A = r.a.data(), *B = r.b.data();
+  const int64_t bs = (int64_t)io::type_block_bytes(t);
+  switch (t) {
+    case GGMLType::Q4_0:
+    case GGMLType::Q4_1:
+    case GGMLType::Q5_0:
+    case GGMLType::Q5_1:
+    case GGMLType::Q8_0:
+      for (int64_t i = 0; i < K / 32; ++i, x += bs, q += 32) {
+        const float d = h2f(x);
+        float m = 0.f;
+        if (t == GGMLType::Q4_0) {
+          for (int j = 0; j < 16; ++j) q[j] = (int8_t)((x[2 + j] & 15) - 8), q[j + 16] = (int8_t)((x[2 + j] >> 4) - 8);
+        } else if (t == GGMLType::Q4_1) {
+          m = h2f(x + 2);
+          for (int j = 0; j < 16; ++j) q[j] = (int8_t)(x[4 + j] & 15), q[j + 16] = (int8_t)(x[4 + j] >> 4);
+        } else if (t == GGMLType::Q5_0 || t == GGMLType::Q5_1) {
+          const int off = t == GGMLType::Q5_0 ? 2 : 4;
+          if (t == GGMLType::Q5_1) m = h2f(x + 2);
+          uint32_t qh;
+          std::memcpy(&qh, x + off, 4);
+          const uint8_t* qs = x + off + 4;
+          const int sub = t == GGMLType::Q5_0 ? 16 : 0;
+          for (int j = 0; j < 16; ++j) {
+            q[j] = (int8_t)(((qs[j] & 15) | (((qh >> j) & 1) << 4)) - sub);
+            q[j + 16] = (int8_t)(((qs[j] >> 4) | (((qh >> (j + 16)) & 1) << 4)) - sub);
+          }
+        } else {
+          std::memcpy(q, x + 2, 32);
+        }
+        A[2 * i] = A[2 * i + 1] = d;
+        B[2 * i] = B[2 * i + 1] = m;
+      }
+      break;
+    case GGMLType::Q2_K:
+      for (int64_t i = 0; i < K / 256; ++i, x += bs) {
+        const uint8_t* sc = x;
+        const uint8_t* qs = x + 16;
+        const float d = h2f(x + 80), dmin = h2f(x + 82);
+        int is = 0;
+        for (int half = 0; half < 2; ++half, qs += 32)
+          for (int shift = 0; shift < 8; shift += 2)
+            for (int k = 0; k < 2; ++k, ++is, q += 16) {
+              *A++ = d * (float)(sc[is] & 15);
+              *B++ = -(dmin * (float)(sc[is] >> 4));
+              for (int l = 0; l < 16; ++l) q[l] = (int8_t)((qs[16 * k + l] >> shift) & 3);
+            }
+      }
+      break;
+    case GGMLType::Q3_K:
+      for (int64_t i = 0; i < K / 256; ++i, x += bs) {
+        const uint8_t* hm = x;
+        const uint8_t* qs = x + 32;
+        const uint8_t* s = x + 96;
+        const float d = h2f(x + 108);
+        int is = 0;
+        uint8_t mbit = 1;
+        for (int half = 0; half < 2; ++half, qs += 32)
+          for (int shift = 0; shift < 8; shift += 2, mbit = (uint8_t)(mbit << 1))
+            for (int k = 0; k < 2; ++k, ++is, q += 16) {
+              const int lo = is < 8 ? (s[is] & 15) : (s[is - 8] >> 4);
+              const int hi = (s[8 + is % 4] >> (2 * (is / 4))) & 3;
+              *A++ = d * (float)((lo | (hi << 4)) - 32);
+              *B++ = 0.f;
+              for (int l = 0; l < 16; ++l)
+                q[l] = (int8_t)(((qs[16 * k + l] >> shift) & 3) - ((hm[16 * k + l] & mbit) ? 0 : 4));
+            }
+      }
+      break;
+    case GGMLType::Q4_K:
+    case GGMLType::Q5_K:
+      for (int64_t i = 0; i < K / 256; ++i, x += bs) {
+        const float d = h2f(x), dmin = h2f(x + 2);
+        const uint8_t* s = x + 4;
+        const bool five = t == GGMLType::Q5_K;
+        const uint8_t* qh = x + 16;
+        const uint8_t* ql = x + (five ? 48 : 16);
+        for (int j = 0; j < 8; ++j, q += 32) {
+          int sc, mn;
+          k_scale_min(j, s, sc, mn);
+          A[2 * j] = A[2 * j + 1] = d * (float)sc;
+          B[2 * j] = B[2 * j + 1] = -(dmin * (float)mn);
+          const uint8_t* c = ql + 32 * (j / 2);
+          for (int l = 0; l < 32; ++l) {
+            int v = (j & 1) ? (c[l] >> 4) : (c[l] & 15);
+            if (five) v |= ((qh[l] >> j) & 1) << 4;
+            q[l] = (int8_t)v;
+          }
+        }
+        A += 16;
+        B += 16;
+      }
+      break;
+    case GGMLType::Q6_K:
+      for (int64_t i = 0; i < K / 256; ++i, x += bs) {
+        const uint8_t* ql = x;
+        const uint8_t* qh = x + 128;
+        const int8_t* sc = reinterpret_cast<const int8_t*>(x + 192);
+        const float d = h2f(x + 208);
+        for (int half = 0; half < 2; ++half, ql += 64, qh += 32, q += 128) {
+          for (int l = 0; l < 32; ++l) {
+            q[l] = (int8_t)(((ql[l] & 15) | ((qh[l] & 3) << 4)) - 32);
+            q[l + 32] = (int8_t)(((ql[l + 32] & 15) | (((qh[l] >> 2) & 3) << 4)) - 32);
+            q[l + 64] = (int8_t)(((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) - 32);
+            q[l + 96] = (int8_t)(((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) - 32);
+          }
+        }
+        for (int j = 0; j < 16; ++j) *A++ = d * (float)sc[j], *B++ = 0.f;
+      }
+      break;
+    default: fail("quant_matvec: no integer kernel for ", io::type_name(t));
+  }
+}
+
+// Integer kernel for every quantised type: decode a row, then per 16 elements
+// y += a * (d * sum q_w q_x) + b * (d * sum q_x).
+void generic_int_rows(const Mat& W, int64_t r0, int64_t r1, const Act& a, float* y, int64_t ldy) {
+  thread_local IntRow row;
+  const int64_t K = W.cols, ng = K / 16, nb16p = a.Kp / 16;
+  for (int64_t n = r0; n < r1; ++n) {
+    decode_row(W.type, W.data + (size_t)n * W.row_bytes, K, row);
+    for (int64_t m = 0; m < a.M; ++m) {
+      const int8_t* xq = a.q + m * a.Kp;
+      const float *d16 = a.d16 + m * nb16p, *s16 = a.s16 + m * nb16p;
+      float acc = 0.f;
+      for (int64_t g = 0; g < ng; ++g) {
+        int32_t is = 0;
+        for (int l = 0; l < 16; ++l) is += (int32_t)row.q[16 * g + l] * (int32_t)xq[16 * g + l];
+        acc += row.a[g] * (d16[g] * (float)is) + row.b[g] * s16[g];
+      }
+      y[m * ldy + n] = acc;
+    }
+  }
+}
+
+// Float dot product with eight partial sums.
+float dot_f32(const float* w, const float* x, int64_t K) {
+  float s[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  int64_t k = 0;
+  for (; k + 8 <= K; k += 8)
+    for (int j = 0; j < 8; ++j) s[j] += w[k + j] * x[k + j];
+  for (int j = 0; k < K; ++k, ++j) s[j] += w[k] * x[k];
+  return ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7]));
+}
+
+// Float kernel: each row converted to float32 (F16, BF16 exactly; other types dequantised), then
+// dotted with the float activations.
+void generic_float_rows(const Mat& W, int64_t r0, int64_t r1, const Act& a, float* y, int64_t ldy) {
+  thread_local std::vector<float> buf;
+  const int64_t K = W.cols;
+  buf.resize((size_t)K);
+  for (int64_t n = r0; n < r1; ++n) {
+    const uint8_t* src = W.data + (size_t)n * W.row_bytes;
+    const float* w = buf.data();
+    if (W.type == GGMLType::F32) w = reinterpret_cast<const float*>(src);
+    else io::dequantize(W.type, src, buf.data(), K);
+    for (int64_t m = 0; m < a.M; ++m) y[m * ldy + n] = dot_f32(w, a.x + m * K, K);
+  }
+}
+
+bool is_int_type(GGMLType t) {
+  switch (t) {
+    case GGMLType::Q4_0: case GGMLType::Q4_1: case GGMLType::Q5_0: case GGMLType::Q5_1: case GGMLType::Q8_0:
+    case GGMLType::Q2_K: case GGMLType::Q3_K: case GGMLType::Q4_K: case GGMLType::Q5_K: case GGMLType::Q6_K:
+      return true;
+    default: return false;
+  }
+}
+
+Kernel pick_kernel(GGMLType t, int isa) {
+  Kernel k{nullptr, ActLayout::Natural, false, ActLanes::None};
+  if (isa >= Avx512) k = kernel_avx512(t);
+  if (!k.fn && isa >= Avx2) k = kernel_avx2(t);
+  if (k.fn) return k;
+  if (is_int_type(t)) return {generic_int_rows, ActLayout::Natural, true, ActLanes::None};
+  return {generic_float_rows, ActLayout::Natural, false, ActLanes::None};
+}
+
+}  // namespace
+
+void quantize_activation_scales(const float* x, int64_t K, float* d) {
+  FOCUS_CHECK(K % kQuantActBlock == 0, "quantize_activation_scales: ", K, " is not a multiple of ", kQuantActBlock);
+  for (int64_t b = 0; b < K / kQuantActBlock; ++b) {
+    float amax = 0.f;
+    for (int64_t i = 0; i < kQuantActBlock; ++i) amax = std::max(amax, std::fabs(x[b * kQuantActBlock + i]));
+    d[b] = amax / 127.f;
+  }
+}
+
+const char* quant_isa() { return kIsaNames[current_isa().load()]; }
+
+bool quant_isa_supported(const std::string& name) {
+  const int i = isa_index(name);
+  return i >= 0 && cpu_has((Isa)i);
+}
+
+bool set_quant_isa(const std::string& name) {
+  if (!quant_isa_supported(name)) return false;
+  current_isa() = isa_index(name);
+  return true;
+}
+
+void quant_matvec(const float* x, const Weight& W, float* y, int64_t M) {
+  FOCUS_CHECK(io::type_supported(W.type), "quant_matvec: unsupported weight type ", io::type_name(W.type));
+  FOCUS_CHECK(M >= 0 && W.rows >= 0 && W.cols >= 0, "quant_matvec: bad shape");
+  if (M == 0 || W.rows == 0) return;
+  if (W.cols == 0) {
+    std::fill(y, y + M * W.rows, 0.f);
+    return;
+  }
+  const int isa = current_isa().load();
+  const Kernel k = pick_kernel(W.type, isa);
+  const Mat mat{W.type, W.rows, W.cols, static_cast<const uint8_t*>(W.data), W.row_bytes()};
+  thread_local ActBuffers bufs;
+  Act a{};
+  if (k.quantised) {
+    const QuantizeRowFn qrow =
+        isa == Avx512 ? quantize_row_avx512 : isa == Avx2 ? quantize_row_avx2 : quantize_row_generic;
+    quantize_rows(x, M, W.cols, k.layout, k.lanes, qrow, bufs, a);
+  } else {
+    a.M = M;
+    a.K = a.Kp = W.cols;
+    a.x = x;
+  }
+  // Rows are shared out in chunks; small products stay on the calling thread, where starting the
+  // team would cost more than it saves.
+  constexpr int64_t kChunk = 16;
+  const int64_t n_chunks = (W.rows + kChunk - 1) / kChunk;
+  const double work = (double)mat.row_bytes * (double)W.rows * (double)(1 + (M - 1) / 4);
+  const bool parallel = n_chunks > 1 && work >= 96.0 * 1024 && omp_get_max_threads() > 1 && !omp_in_parallel();
+  if (!parallel) {
+    k.fn(mat, 0, W.rows, a, y, W.rows);
+    return;
+  }
+#pragma omp parallel for schedule(static)
+  for (int64_t c = 0; c < n_chunks; ++c) {
+    const int64_t r0 = c * kChunk, r1 = std::min(W.rows, r0 + kChunk);
+    k.fn(mat, r0, r1, a, y, W.rows);
+  }
+}
+
+}  // namespace focus::cpu

@@ -1,0 +1,46 @@
+// Matrix-vector (and small matrix-matrix) products with weights kept in their GGUF block formats:
+// the decoding path of the linear layers. One binary carries several implementations and picks
+// the best one this CPU runs (AVX-512 VNNI, AVX2 + FMA + F16C, or portable code).
+#pragma once
+#include <cstdint>
+#include <string>
+
+#include "kernels/cpu/weight.h"
+
+namespace focus::cpu {
+
+// y[m, n] = sum_k x[m, k] * W[n, k] for m < M, n < W.rows; x is [M, W.cols] row-major and y is
+// [M, W.rows] row-major (overwritten; must not overlap x). M is meant to be small (1 when
+// decoding, up to ~16).
+//
+// Quantised weights (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K) are multiplied by
+// an int8 copy of each row of x: every kQuantActBlock elements share one float32 scale
+// d = absmax / 127 and q = round(x / d) (see quantize_activation_scales), and the products are
+// summed in integers, one sub-block of the weight at a time (Q2_K and Q3_K by the portable code
+// under every instruction set, the others by vector kernels). F32, F16 and BF16 weights multiply
+// float32 x in float32. Any other supported type is dequantised a row at a time. Products are
+// split over the OpenMP threads (in 16-row chunks) when the weight is over 96 KiB and the call is
+// not already inside a parallel region.
+//
+// Error: for one output, |y - sum_k x[k] W[n,k]| <= sum_b (d_b / 2) * sum_{k in b} |W[n,k]| plus
+// float32 rounding (a few ulps of the magnitudes summed), the first term being zero for the float
+// types. Each output depends only on its own row of x and of W: the result for a row of x does not
+// change with M, the thread count or the row chunking.
+void quant_matvec(const float* x, const Weight& W, float* y, int64_t M);
+
+// Elements of x sharing one activation scale.
+inline constexpr int64_t kQuantActBlock = 32;
+
+// The activation scales quant_matvec uses for one row x[K] of x (K a multiple of kQuantActBlock):
+// d[b] = max_{k in block b} |x[k]| / 127 in float32, for b < K / kQuantActBlock.
+void quantize_activation_scales(const float* x, int64_t K, float* d);
+
+// The instruction set in use: "avx512vnni", "avx2" or "generic".
+const char* quant_isa();
+// Forces one of those (for tests and benchmarks); returns false, changing nothing, when the name
+// is unknown or this CPU cannot run it. "best" selects the fastest this CPU supports.
+bool set_quant_isa(const std::string& name);
+// True if this CPU can run the named instruction set.
+bool quant_isa_supported(const std::string& name);
+
+}  // namespace focus::cpu

@@ -1,0 +1,299 @@
+// quant_matvec against a float64 product over the exactly dequantised weights, for every weight
+// type and every instruction set this CPU runs: random valid blocks, random activations (some rows
+// with one large outlier), several M and shapes with odd row counts.
+//
+// Bound per output n of row x (K = W.cols, blocks b of kQuantActBlock = 32 elements):
+//   quantisation: x is replaced by d_b * q with |x_k - d_b q_k| <= d_b / 2, the weights are used
+//   exactly, so the product moves by at most sum_b (d_b / 2) sum_{k in b} |W[n,k]|;
+//   rounding: the kernels form float32 products and partial sums of at most K / 16 + 64 terms whose
+//   magnitudes are each bounded by A_b (|x_k| + d_b) summed over their elements, A_b = max_{k in b}
+//   |W[n,k]| (the weight's parts, d q and the min or offset, are each at most about 2 A_b), so a
+//   relative 1e-5 (~ 170 float32 ulps) of sum_k A_b (|x_k| + d_b) covers it with room.
+// For the float types there is no quantisation term and the rounding term is 1e-5 sum_k |W x|.
+#include <gtest/gtest.h>
+#include <omp.h>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "io/ggml_types.h"
+#include "kernels/cpu/quant_matvec.h"
+#include "kernels/cpu/weight.h"
+
+using focus::Weight;
+using focus::io::GGMLType;
+namespace cpu = focus::cpu;
+
+namespace {
+
+const char* const kIsas[] = {"generic", "avx2", "avx512vnni"};
+
+// Restores the instruction set in use when a test ends.
+struct IsaGuard {
+  std::string saved = cpu::quant_isa();
+  ~IsaGuard() { cpu::set_quant_isa(saved); }
+};
+
+std::vector<std::string> supported_isas() {
+  std::vector<std::string> out;
+  for (const char* n : kIsas)
+    if (cpu::quant_isa_supported(n)) out.push_back(n);
+  return out;
+}
+
+void put16(uint8_t* p, uint16_t v) { std::memcpy(p, &v, 2); }
+
+// A finite random half: magnitude 2^-9 .. 2^-4 with a random sign.
+uint16_t random_scale(std::mt19937& rng) {
+  std::uniform_real_distribution<float> u(-9.f, -4.f);
+  const float v = std::exp2(u(rng)) * ((rng() & 1) ? -1.f : 1.f);
+  return focus::io::fp32_to_fp16(v);
+}
+
+// Bytes of a [rows, cols] weight of type t: random quant bytes with finite random fp16 scales, or
+// random values for the float types.
+std::vector<uint8_t> random_weight(GGMLType t, int64_t rows, int64_t cols, std::mt19937& rng) {
+  const size_t rb = focus::io::row_bytes(t, cols);
+  std::vector<uint8_t> data(rb * (size_t)rows);
+  std::normal_distribution<float> nd(0.f, 1.f);
+  if (t == GGMLType::F32 || t == GGMLType::F16 || t == GGMLType::BF16) {
+    for (size_t i = 0; i < (size_t)(rows * cols); ++i) {
+      const float v = nd(rng) * 0.05f;
+      if (t == GGMLType::F32) std::memcpy(data.data() + 4 * i, &v, 4);
+      else if (t == GGMLType::F16) put16(data.data() + 2 * i, focus::io::fp32_to_fp16(v));
+      else {
+        uint32_t u;
+        std::memcpy(&u, &v, 4);
+        put16(data.data() + 2 * i, (uint16_t)(u >> 16));
+      }
+    }
+    return data;
+  }
+  for (auto& c : data) c = (uint8_t)(rng() & 0xFF);
+  const size_t bb = focus::io::type_block_bytes(t);
+  std::vector<size_t> halves;  // offsets of the fp16 fields in a block
+  switch (t) {
+    case GGMLType::Q4_0: case GGMLType::Q5_0: case GGMLType::Q8_0: halves = {0}; break;
+    case GGMLType::Q4_1: case GGMLType::Q5_1: case GGMLType::Q4_K: case GGMLType::Q5_K: halves = {0, 2}; break;
+    case GGMLType::Q2_K: halves = {80, 82}; break;
+    case GGMLType::Q3_K: halves = {108}; break;
+    case GGMLType::Q6_K: halves = {208}; break;
+    default: ADD_FAILURE() << "no block builder for " << focus::io::type_name(t);
+  }
+  for (size_t b = 0; b + bb <= data.size(); b += bb)
+    for (size_t h : halves) put16(data.data() + b + h, random_scale(rng));
+  return data;
+}
+
+// Activations: mean 0.3 (so block sums are large and a wrong offset or min shows), unit noise,
+// and in every second row one element 50x larger.
+std::vector<float> random_x(int64_t M, int64_t K, std::mt19937& rng) {
+  std::normal_distribution<float> nd(0.3f, 1.f);
+  std::vector<float> x((size_t)(M * K));
+  for (auto& v : x) v = nd(rng);
+  for (int64_t m = 1; m < M; m += 2) x[(size_t)(m * K + (int64_t)(rng() % (uint32_t)K))] = 50.f * nd(rng);
+  return x;
+}
+
+bool is_float_type(GGMLType t) { return t == GGMLType::F32 || t == GGMLType::F16 || t == GGMLType::BF16; }
+
+struct Expect {
+  std::vector<double> exact;     // [M, N]
+  std::vector<double> quant;     // quantisation bound
+  std::vector<double> rounding;  // rounding allowance
+};
+
+Expect reference(const Weight& W, const std::vector<float>& x, int64_t M) {
+  const int64_t N = W.rows, K = W.cols, B = cpu::kQuantActBlock;
+  const std::vector<float> w = focus::dequantize_all(W);
+  Expect e;
+  e.exact.assign((size_t)(M * N), 0.0);
+  e.quant.assign((size_t)(M * N), 0.0);
+  e.rounding.assign((size_t)(M * N), 0.0);
+  const bool flt = is_float_type(W.type);
+  std::vector<float> d((size_t)(K / B));
+  for (int64_t m = 0; m < M; ++m) {
+    const float* xr = x.data() + m * K;
+    if (!flt) cpu::quantize_activation_scales(xr, K, d.data());
+    for (int64_t n = 0; n < N; ++n) {
+      const float* wr = w.data() + n * K;
+      double s = 0, q = 0, r = 0;
+      for (int64_t k = 0; k < K; ++k) s += (double)wr[k] * xr[k];
+      if (flt) {
+        for (int64_t k = 0; k < K; ++k) r += std::fabs((double)wr[k] * xr[k]);
+      } else {
+        for (int64_t b = 0; b < K / B; ++b) {
+          double sw = 0, amax = 0;
+          for (int64_t k = b * B; k < (b + 1) * B; ++k) {
+            sw += std::fabs(wr[k]);
+            amax = std::max(amax, (double)std::fabs(wr[k]));
+          }
+          q += d[b] / 2.0 * sw;
+          for (int64_t k = b * B; k < (b + 1) * B; ++k) r += amax * (std::fabs(xr[k]) + d[b]);
+        }
+      }
+      e.exact[m * N + n] = s;
+      e.quant[m * N + n] = q;
+      e.rounding[m * N + n] = 1e-5 * r + 1e-30;
+    }
+  }
+  return e;
+}
+
+struct Case {
+  GGMLType type;
+  int64_t rows, cols;
+};
+
+std::vector<Case> cases_for(GGMLType t) {
+  const bool k = focus::io::type_block_elems(t) == 256;
+  std::vector<Case> c = {{t, 37, 256}, {t, 577, 1536}, {t, 3, 256}};
+  if (!k) {
+    c.push_back({t, 577, 576});
+    c.push_back({t, 5, 96});  // three blocks: one partial step of the four- and two-block kernels
+    c.push_back({t, 6, 32});
+    c.push_back({t, 9, 224});
+  }
+  else c.push_back({t, 41, 2560});
+  if (is_float_type(t)) c.push_back({t, 19, 100});  // a row length that is no multiple of the vector width
+  return c;
+}
+
+const GGMLType kTypes[] = {GGMLType::F32,  GGMLType::F16,  GGMLType::BF16, GGMLType::Q4_0, GGMLType::Q4_1,
+                           GGMLType::Q5_0, GGMLType::Q5_1, GGMLType::Q8_0, GGMLType::Q2_K, GGMLType::Q3_K,
+                           GGMLType::Q4_K, GGMLType::Q5_K, GGMLType::Q6_K};
+
+class QuantMatvecType : public ::testing::TestWithParam<GGMLType> {};
+
+// Every instruction set, every M: within the bound of the exact product.
+TEST_P(QuantMatvecType, WithinBoundOfExactProduct) {
+  IsaGuard guard;
+  std::mt19937 rng(1234 + (int)GetParam());
+  for (const Case& c : cases_for(GetParam())) {
+    const std::vector<uint8_t> bytes = random_weight(c.type, c.rows, c.cols, rng);
+    const Weight W{c.type, c.rows, c.cols, bytes.data()};
+    for (int64_t M : {1, 3, 8}) {
+      const std::vector<float> x = random_x(M, c.cols, rng);
+      const Expect e = reference(W, x, M);
+      for (const std::string& isa : supported_isas()) {
+        ASSERT_TRUE(cpu::set_quant_isa(isa));
+        std::vector<float> y((size_t)(M * c.rows), NAN);
+        cpu::quant_matvec(x.data(), W, y.data(), M);
+        double worst = 0;  // largest error as a fraction of the bound
+        for (size_t i = 0; i < y.size(); ++i) {
+          const double err = std::fabs((double)y[i] - e.exact[i]), bound = e.quant[i] + e.rounding[i];
+          ASSERT_LE(err, bound) << focus::io::type_name(c.type) << " " << c.rows << "x" << c.cols << " M " << M
+                                << " " << isa << " output " << i << ": " << y[i] << " vs " << e.exact[i];
+          worst = std::max(worst, err / bound);
+        }
+        EXPECT_GT(worst, 0.0);
+      }
+    }
+  }
+}
+
+// The instruction sets use the same quantised activations, so they differ by rounding only.
+TEST_P(QuantMatvecType, InstructionSetsAgree) {
+  IsaGuard guard;
+  const auto isas = supported_isas();
+  std::mt19937 rng(99 + (int)GetParam());
+  for (const Case& c : cases_for(GetParam())) {
+    const std::vector<uint8_t> bytes = random_weight(c.type, c.rows, c.cols, rng);
+    const Weight W{c.type, c.rows, c.cols, bytes.data()};
+    const int64_t M = 3;
+    const std::vector<float> x = random_x(M, c.cols, rng);
+    const Expect e = reference(W, x, M);
+    std::vector<std::vector<float>> ys;
+    for (const std::string& isa : isas) {
+      ASSERT_TRUE(cpu::set_quant_isa(isa));
+      ys.emplace_back((size_t)(M * c.rows));
+      cpu::quant_matvec(x.data(), W, ys.back().data(), M);
+    }
+    for (size_t j = 1; j < ys.size(); ++j)
+      for (size_t i = 0; i < ys[0].size(); ++i)
+        ASSERT_LE(std::fabs((double)ys[j][i] - ys[0][i]), 2 * e.rounding[i])
+            << focus::io::type_name(c.type) << " " << isas[0] << " vs " << isas[j] << " output " << i;
+  }
+}
+
+// M rows at once give exactly the M single-row results, and one thread the same as several.
+TEST_P(QuantMatvecType, BatchEqualsSingleRows) {
+  IsaGuard guard;
+  std::mt19937 rng(7 + (int)GetParam());
+  const GGMLType t = GetParam();
+  const int64_t rows = 577, cols = focus::io::type_block_elems(t) == 256 ? 1536 : 576;
+  const std::vector<uint8_t> bytes = random_weight(t, rows, cols, rng);
+  const Weight W{t, rows, cols, bytes.data()};
+  for (const std::string& isa : supported_isas()) {
+    ASSERT_TRUE(cpu::set_quant_isa(isa));
+    for (int64_t M : {3, 8, 13}) {
+      const std::vector<float> x = random_x(M, cols, rng);
+      std::vector<float> y((size_t)(M * rows)), y1((size_t)rows);
+      cpu::quant_matvec(x.data(), W, y.data(), M);
+      for (int64_t m = 0; m < M; ++m) {
+        cpu::quant_matvec(x.data() + m * cols, W, y1.data(), 1);
+        ASSERT_EQ(0, std::memcmp(y1.data(), y.data() + m * rows, sizeof(float) * (size_t)rows))
+            << focus::io::type_name(t) << " " << isa << " M " << M << " row " << m;
+      }
+      // One thread (the products above are split between threads when there are several).
+      const int threads = omp_get_max_threads();
+      omp_set_num_threads(1);
+      std::vector<float> ys((size_t)(M * rows));
+      cpu::quant_matvec(x.data(), W, ys.data(), M);
+      omp_set_num_threads(threads);
+      ASSERT_EQ(0, std::memcmp(ys.data(), y.data(), sizeof(float) * ys.size()))
+          << focus::io::type_name(t) << " " << isa << " M " << M << ": one thread differs";
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(QuantMatvec, QuantMatvecType, ::testing::ValuesIn(kTypes),
+                         [](const ::testing::TestParamInfo<GGMLType>& i) { return focus::io::type_name(i.param); });
+
+TEST(QuantMatvec, IsaSelection) {
+  IsaGuard guard;
+  EXPECT_TRUE(cpu::quant_isa_supported("generic"));
+  EXPECT_FALSE(cpu::set_quant_isa("sse9"));
+  const std::string before = cpu::quant_isa();
+  for (const char* n : kIsas) {
+    if (cpu::quant_isa_supported(n)) {
+      EXPECT_TRUE(cpu::set_quant_isa(n));
+      EXPECT_STREQ(n, cpu::quant_isa());
+    } else {
+      EXPECT_FALSE(cpu::set_quant_isa(n));
+    }
+  }
+  EXPECT_TRUE(cpu::set_quant_isa("best"));
+  EXPECT_TRUE(cpu::quant_isa_supported(cpu::quant_isa()));
+}
+
+TEST(QuantMatvec, ActivationScales) {
+  std::vector<float> x(64, 0.f), d(2);
+  x[5] = -2.54f;
+  x[40] = 1.27f;
+  cpu::quantize_activation_scales(x.data(), 64, d.data());
+  EXPECT_EQ(d[0], 2.54f / 127.f);
+  EXPECT_EQ(d[1], 1.27f / 127.f);
+}
+
+// M = 0 writes nothing; a single-block weight with all-ones activations (quantised exactly).
+TEST(QuantMatvec, ZeroAndTinyShapes) {
+  const std::vector<uint8_t> bytes = [] {
+    std::mt19937 rng(5);
+    return random_weight(GGMLType::Q8_0, 1, 32, rng);
+  }();
+  const Weight W{GGMLType::Q8_0, 1, 32, bytes.data()};
+  std::vector<float> x(32, 1.f), y(1, NAN);
+  cpu::quant_matvec(x.data(), W, y.data(), 0);  // M = 0: nothing written
+  EXPECT_TRUE(std::isnan(y[0]));
+  cpu::quant_matvec(x.data(), W, y.data(), 1);
+  const std::vector<float> w = focus::dequantize_all(W);
+  double s = 0;
+  for (float v : w) s += v;
+  EXPECT_NEAR(y[0], s, 1e-4 * std::fabs(s) + 1e-6);  // all-ones x quantises exactly
+}
+
+}  // namespace

@@ -3,7 +3,8 @@
 // training step (Focus soft forward + backward through the frozen model) at --train-ctx, with its
 // useful-FLOP utilisation against the same sgemm peak; and the soft-mode Focus attention kernels
 // alone at --soft-attn tokens (bench_soft_attention.h); and the grouped Focus attention kernel
-// against dense attention at --grouped-attn tokens (bench_grouped_attention.h).
+// against dense attention at --grouped-attn tokens (bench_grouped_attention.h). With
+// --quant-matvec [full], only the quantised matrix-vector kernels (bench_quant_matvec.h).
 //   focus_bench [--model smollm2] [--ctx 512,2048] [--train-ctx 1024] [--soft-attn 2048]
 //               [--grouped-attn 8192] [--reps 3] [--threads T] [--json FILE]
 #include <cblas.h>
@@ -26,6 +27,7 @@
 #include "model/model.h"
 #include "train/backward.h"
 #include "bench_grouped_attention.h"
+#include "bench_quant_matvec.h"
 #include "bench_soft_attention.h"
 
 using namespace focus;
@@ -64,6 +66,7 @@ int main(int argc, char** argv) {
   std::vector<int64_t> ctxs = {512, 2048};
   int reps = 3, threads = 0;
   int64_t train_ctx = 1024, soft_attn = 2048, grouped_attn = 0;
+  std::string quant_matvec;  // "", "models" or "full"
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     auto next = [&]() -> std::string {
@@ -80,6 +83,7 @@ int main(int argc, char** argv) {
     else if (a == "--train-ctx") train_ctx = std::stoll(next());
     else if (a == "--soft-attn") soft_attn = std::stoll(next());
     else if (a == "--grouped-attn") grouped_attn = std::stoll(next());
+    else if (a == "--quant-matvec") quant_matvec = (i + 1 < argc && std::string(argv[i + 1]) == "full") ? next() : "models";
     else if (a == "--ctx") {
       ctxs.clear();
       std::stringstream ss(next());
@@ -87,13 +91,18 @@ int main(int argc, char** argv) {
     } else {
       std::fprintf(stderr, "usage: focus_bench [--model M] [--ctx 512,2048] [--train-ctx N (0: skip)] "
                            "[--soft-attn N (0: skip)] [--grouped-attn N (0: skip)] [--reps N] [--threads T] "
-                           "[--json FILE]\n");
+                           "[--json FILE] [--quant-matvec [full]]\n");
       return 2;
     }
   }
   try {
     set_threads(threads);
     nlohmann::json out;
+    if (!quant_matvec.empty()) {
+      out["quant_matvec"] = bench_quant_matvec(quant_matvec == "full");
+      if (!json_path.empty()) std::ofstream(json_path) << out.dump(2) << "\n";
+      return 0;
+    }
     out["threads"] = num_threads();
     const double peak_sq = sgemm_gflops(2048, 2048, 2048, reps);
     std::printf("sgemm 2048^3: %.1f GFLOP/s (%d threads)\n", peak_sq, num_threads());

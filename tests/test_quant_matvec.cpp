@@ -11,6 +11,7 @@
 //   relative 1e-5 (~ 170 float32 ulps) of sum_k A_b (|x_k| + d_b) covers it with room.
 // For the float types there is no quantisation term and the rounding term is 1e-5 sum_k |W x|.
 #include <gtest/gtest.h>
+#include <omp.h>
 
 #include <cmath>
 #include <cstring>
@@ -126,7 +127,10 @@ Expect reference(const Weight& W, const std::vector<float>& x, int64_t M) {
       } else {
         for (int64_t b = 0; b < K / B; ++b) {
           double sw = 0, amax = 0;
-          for (int64_t k = b * B; k < (b + 1) * B; ++k) sw += std::fabs(wr[k]), amax = std::max(amax, (double)std::fabs(wr[k]));
+          for (int64_t k = b * B; k < (b + 1) * B; ++k) {
+            sw += std::fabs(wr[k]);
+            amax = std::max(amax, (double)std::fabs(wr[k]));
+          }
           q += d[b] / 2.0 * sw;
           for (int64_t k = b * B; k < (b + 1) * B; ++k) r += amax * (std::fabs(xr[k]) + d[b]);
         }
@@ -147,7 +151,12 @@ struct Case {
 std::vector<Case> cases_for(GGMLType t) {
   const bool k = focus::io::type_block_elems(t) == 256;
   std::vector<Case> c = {{t, 37, 256}, {t, 577, 1536}, {t, 3, 256}};
-  if (!k) c.push_back({t, 577, 576});
+  if (!k) {
+    c.push_back({t, 577, 576});
+    c.push_back({t, 5, 96});  // three blocks: one partial step of the four- and two-block kernels
+    c.push_back({t, 6, 32});
+    c.push_back({t, 9, 224});
+  }
   else c.push_back({t, 41, 2560});
   if (is_float_type(t)) c.push_back({t, 19, 100});  // a row length that is no multiple of the vector width
   return c;
@@ -210,7 +219,7 @@ TEST_P(QuantMatvecType, InstructionSetsAgree) {
   }
 }
 
-// M rows at once give exactly the M single-row results, whatever the thread count.
+// M rows at once give exactly the M single-row results, and one thread the same as several.
 TEST_P(QuantMatvecType, BatchEqualsSingleRows) {
   IsaGuard guard;
   std::mt19937 rng(7 + (int)GetParam());
@@ -229,6 +238,14 @@ TEST_P(QuantMatvecType, BatchEqualsSingleRows) {
         ASSERT_EQ(0, std::memcmp(y1.data(), y.data() + m * rows, sizeof(float) * (size_t)rows))
             << focus::io::type_name(t) << " " << isa << " M " << M << " row " << m;
       }
+      // One thread (the products above are split between threads when there are several).
+      const int threads = omp_get_max_threads();
+      omp_set_num_threads(1);
+      std::vector<float> ys((size_t)(M * rows));
+      cpu::quant_matvec(x.data(), W, ys.data(), M);
+      omp_set_num_threads(threads);
+      ASSERT_EQ(0, std::memcmp(ys.data(), y.data(), sizeof(float) * ys.size()))
+          << focus::io::type_name(t) << " " << isa << " M " << M << ": one thread differs";
     }
   }
 }

@@ -60,60 +60,89 @@ const int* layout_chunks(ActLayout l) {
   static const int natural[8] = {0, 1, 2, 3, 4, 5, 6, 7};
   static const int nib16[8] = {0, 2, 4, 6, 1, 3, 5, 7};
   static const int nib32[8] = {0, 1, 4, 5, 2, 3, 6, 7};
+  static const int nib16x2[8] = {0, 2, 1, 3, 4, 6, 5, 7};
   switch (l) {
     case ActLayout::Natural: return natural;
     case ActLayout::Nib16: return nib16;
     case ActLayout::Nib32: return nib32;
+    case ActLayout::Nib16x2: return nib16x2;
   }
   return natural;
 }
 
 struct ActBuffers {
   std::vector<int8_t> q;
-  std::vector<float> d32, s32, d16, s16;
+  std::vector<float> d32, s32, d16, s16, dl, sl;
+  std::vector<int32_t> sum16;
 };
 
+void quantize_row_generic(const float* x, int64_t K, int8_t* q, float* d, int32_t* sum16) {
+  for (int64_t b = 0; b < K / 32; ++b, x += 32, q += 32) {
+    float amax = 0.f;
+    for (int i = 0; i < 32; ++i) amax = std::max(amax, std::fabs(x[i]));
+    const float db = amax / 127.f;
+    int32_t s0 = 0, s1 = 0;
+    for (int i = 0; i < 32; ++i) {
+      const int v = db > 0.f ? (int)std::nearbyint(x[i] / db) : 0;
+      q[i] = (int8_t)v;
+      (i < 16 ? s0 : s1) += v;
+    }
+    d[b] = db;
+    sum16[2 * b] = s0;
+    sum16[2 * b + 1] = s1;
+  }
+}
+
 // Quantises the M rows of x[M, K] into bufs (reused across calls) and describes them in a.
-void quantize_rows(const float* x, int64_t M, int64_t K, ActLayout layout, ActBuffers& bufs, Act& a) {
-  const int64_t Kp = (K + kPad - 1) / kPad * kPad, nb = Kp / 32;
+void quantize_rows(const float* x, int64_t M, int64_t K, ActLayout layout, ActLanes lanes, QuantizeRowFn qrow,
+                   ActBuffers& bufs, Act& a) {
+  const int64_t Kp = (K + kPad - 1) / kPad * kPad, nb = Kp / 32, nbk = K / 32;
   bufs.q.resize((size_t)(M * Kp));
   bufs.d32.resize((size_t)(M * nb));
   bufs.s32.resize((size_t)(M * nb));
   bufs.d16.resize((size_t)(M * nb * 2));
   bufs.s16.resize((size_t)(M * nb * 2));
+  bufs.sum16.resize((size_t)(nb * 2));
   const int* chunks = layout_chunks(layout);
   for (int64_t m = 0; m < M; ++m) {
-    const float* xr = x + m * K;
     int8_t* qr = bufs.q.data() + m * Kp;
     float *d32 = bufs.d32.data() + m * nb, *s32 = bufs.s32.data() + m * nb;
     float *d16 = bufs.d16.data() + m * nb * 2, *s16 = bufs.s16.data() + m * nb * 2;
-    alignas(64) int8_t nat[128];
-    for (int64_t g = 0; g < Kp; g += 128) {
-      for (int64_t b = g; b < g + 128; b += 32) {
-        const int64_t bi = b / 32;
-        if (b >= K) {
-          std::memset(nat + (b - g), 0, 32);
-          d32[bi] = s32[bi] = d16[2 * bi] = d16[2 * bi + 1] = s16[2 * bi] = s16[2 * bi + 1] = 0.f;
-          continue;
-        }
-        float amax = 0.f;
-        for (int i = 0; i < 32; ++i) amax = std::max(amax, std::fabs(xr[b + i]));
-        const float d = amax / 127.f;
-        int sum0 = 0, sum1 = 0;
-        for (int i = 0; i < 32; ++i) {
-          const int v = d > 0.f ? (int)std::nearbyint(xr[b + i] / d) : 0;
-          nat[b - g + i] = (int8_t)v;
-          (i < 16 ? sum0 : sum1) += v;
-        }
-        d32[bi] = d;
-        s32[bi] = d * (float)(sum0 + sum1);
-        d16[2 * bi] = d16[2 * bi + 1] = d;
-        s16[2 * bi] = d * (float)sum0;
-        s16[2 * bi + 1] = d * (float)sum1;
+    const int32_t* sum16 = bufs.sum16.data();
+    qrow(x + m * K, K, qr, d32, bufs.sum16.data());
+    std::memset(qr + K, 0, (size_t)(Kp - K));
+    for (int64_t b = 0; b < nb; ++b) {
+      if (b >= nbk) {
+        d32[b] = s32[b] = d16[2 * b] = d16[2 * b + 1] = s16[2 * b] = s16[2 * b + 1] = 0.f;
+        continue;
       }
-      for (int c = 0; c < 8; ++c) std::memcpy(qr + g + 16 * c, nat + 16 * chunks[c], 16);
+      const float d = d32[b];
+      s32[b] = d * (float)(sum16[2 * b] + sum16[2 * b + 1]);
+      d16[2 * b] = d16[2 * b + 1] = d;
+      s16[2 * b] = d * (float)sum16[2 * b];
+      s16[2 * b + 1] = d * (float)sum16[2 * b + 1];
+    }
+    if (layout != ActLayout::Natural) {
+      alignas(64) int8_t nat[128];
+      for (int64_t g = 0; g < K; g += 128) {
+        std::memcpy(nat, qr + g, 128);
+        for (int c = 0; c < 8; ++c) std::memcpy(qr + g + 16 * c, nat + 16 * chunks[c], 16);
+      }
     }
   }
+  const int64_t per = lanes == ActLanes::Lanes4 ? 4 : 8, nl = lanes == ActLanes::None ? 0 : nb * per;
+  bufs.dl.resize((size_t)(M * nl));
+  bufs.sl.resize((size_t)(M * nl));
+  if (nl > 0)
+    for (int64_t b = 0; b < M * nb; ++b) {
+      float* dl = bufs.dl.data() + b * per;
+      float* sl = bufs.sl.data() + b * per;
+      for (int64_t l = 0; l < per; ++l) dl[l] = bufs.d32[b], sl[l] = 0.f;
+      sl[0] = bufs.s32[b];
+    }
+  a.dl = bufs.dl.data();
+  a.sl = bufs.sl.data();
+  a.nl = nl;
   a.M = M;
   a.K = K;
   a.Kp = Kp;
@@ -326,12 +355,12 @@ bool is_int_type(GGMLType t) {
 }
 
 Kernel pick_kernel(GGMLType t, int isa) {
-  Kernel k{nullptr, ActLayout::Natural, false};
+  Kernel k{nullptr, ActLayout::Natural, false, ActLanes::None};
   if (isa >= Avx512) k = kernel_avx512(t);
   if (!k.fn && isa >= Avx2) k = kernel_avx2(t);
   if (k.fn) return k;
-  if (is_int_type(t)) return {generic_int_rows, ActLayout::Natural, true};
-  return {generic_float_rows, ActLayout::Natural, false};
+  if (is_int_type(t)) return {generic_int_rows, ActLayout::Natural, true, ActLanes::None};
+  return {generic_float_rows, ActLayout::Natural, false, ActLanes::None};
 }
 
 }  // namespace
@@ -366,12 +395,15 @@ void quant_matvec(const float* x, const Weight& W, float* y, int64_t M) {
     std::fill(y, y + M * W.rows, 0.f);
     return;
   }
-  const Kernel k = pick_kernel(W.type, current_isa().load());
+  const int isa = current_isa().load();
+  const Kernel k = pick_kernel(W.type, isa);
   const Mat mat{W.type, W.rows, W.cols, static_cast<const uint8_t*>(W.data), W.row_bytes()};
   thread_local ActBuffers bufs;
   Act a{};
   if (k.quantised) {
-    quantize_rows(x, M, W.cols, k.layout, bufs, a);
+    const QuantizeRowFn qrow =
+        isa == Avx512 ? quantize_row_avx512 : isa == Avx2 ? quantize_row_avx2 : quantize_row_generic;
+    quantize_rows(x, M, W.cols, k.layout, k.lanes, qrow, bufs, a);
   } else {
     a.M = M;
     a.K = a.Kp = W.cols;
@@ -383,7 +415,11 @@ void quant_matvec(const float* x, const Weight& W, float* y, int64_t M) {
   const int64_t n_chunks = (W.rows + kChunk - 1) / kChunk;
   const double work = (double)mat.row_bytes * (double)W.rows * (double)(1 + (M - 1) / 4);
   const bool parallel = n_chunks > 1 && work >= 96.0 * 1024 && omp_get_max_threads() > 1 && !omp_in_parallel();
-#pragma omp parallel for schedule(static) if (parallel)
+  if (!parallel) {
+    k.fn(mat, 0, W.rows, a, y, W.rows);
+    return;
+  }
+#pragma omp parallel for schedule(static)
   for (int64_t c = 0; c < n_chunks; ++c) {
     const int64_t r0 = c * kChunk, r1 = std::min(W.rows, r0 + kChunk);
     k.fn(mat, r0, r1, a, y, W.rows);

@@ -10,13 +10,17 @@
 namespace focus::cpu {
 
 // y[m, n] = sum_k x[m, k] * W[n, k] for m < M, n < W.rows; x is [M, W.cols] row-major and y is
-// [M, W.rows] row-major (overwritten). M is meant to be small (1 when decoding, up to ~16).
+// [M, W.rows] row-major (overwritten; must not overlap x). M is meant to be small (1 when
+// decoding, up to ~16).
 //
 // Quantised weights (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K) are multiplied by
 // an int8 copy of each row of x: every kQuantActBlock elements share one float32 scale
 // d = absmax / 127 and q = round(x / d) (see quantize_activation_scales), and the products are
-// summed in integers, one sub-block of the weight at a time. F32, F16 and BF16 weights multiply
-// float32 x in float32. Any other supported type is dequantised a row at a time.
+// summed in integers, one sub-block of the weight at a time (Q2_K and Q3_K by the portable code
+// under every instruction set, the others by vector kernels). F32, F16 and BF16 weights multiply
+// float32 x in float32. Any other supported type is dequantised a row at a time. Products are
+// split over the OpenMP threads (in 16-row chunks) when the weight is over 96 KiB and the call is
+// not already inside a parallel region.
 //
 // Error: for one output, |y - sum_k x[k] W[n,k]| <= sum_b (d_b / 2) * sum_{k in b} |W[n,k]| plus
 // float32 rounding (a few ulps of the magnitudes summed), the first term being zero for the float

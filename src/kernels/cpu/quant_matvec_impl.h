@@ -15,8 +15,15 @@ namespace focus::cpu::qmv {
 enum class ActLayout {
   Natural,  // 0, 16, 32, ..., 112
   Nib16,    // four 32-blocks a..d: low halves a, b, c, d then high halves (Q4_0 / Q4_1, 4 blocks a step)
+  Nib16x2,  // pairs of 32-blocks: low halves a, b, high halves a, b, then the same for c, d
   Nib32,    // 32-element sub-blocks 0, 2, 1, 3 (Q4_K / Q5_K: low nibbles of two 64-chunks, then high)
 };
+
+// Per-lane copies of the block scales and sums, for kernels whose 16 float lanes per step cover
+// four 32-blocks (Lanes4: lanes 4b..4b+3 belong to block b of the step) or two (Lanes8: 8b..8b+7).
+// dl holds the block's d32 in each of its lanes, sl its s32 in the block's first lane and 0 in the
+// others.
+enum class ActLanes { None, Lanes4, Lanes8 };
 
 // One call's activations: M rows, each padded with zeros to Kp elements (a multiple of 512).
 struct Act {
@@ -26,6 +33,9 @@ struct Act {
   const float* s32;  // [M][Kp / 32]: d32 * (sum of the block's q)
   const float* d16;  // [M][Kp / 16]: the 32-block scale, once per 16 elements
   const float* s16;  // [M][Kp / 16]: d16 * (sum of the 16 q)
+  const float* dl;   // [M][nl] per-lane scales (see ActLanes)
+  const float* sl;   // [M][nl] per-lane sums
+  int64_t nl;        // lanes per row: Kp / 8 (Lanes4) or Kp / 4 (Lanes8)
   const float* x;    // [M][K] the float activations (float kernels)
 };
 
@@ -45,7 +55,15 @@ struct Kernel {
   RowsKernel fn;
   ActLayout layout;
   bool quantised;  // reads a.q (else a.x)
+  ActLanes lanes;
 };
+
+// Quantises x[K] (K a multiple of 32) to q[K] in natural order with d[K / 32] and the sums of each
+// 16 q in sum16[K / 16]: d = max |x| / 127 over the 32-block, q = round-half-even(x / d) (0 when
+// d = 0). Every instruction set's version gives the same bits.
+using QuantizeRowFn = void (*)(const float* x, int64_t K, int8_t* q, float* d, int32_t* sum16);
+void quantize_row_avx512(const float* x, int64_t K, int8_t* q, float* d, int32_t* sum16);
+void quantize_row_avx2(const float* x, int64_t K, int8_t* q, float* d, int32_t* sum16);
 
 // Kernels of each instruction set; fn == nullptr where the file has none for that type.
 Kernel kernel_avx512(io::GGMLType t);

@@ -1,0 +1,14 @@
+// The quantised matrix-vector kernels' benchmark inside focus_bench (bench_quant_matvec.cpp).
+#pragma once
+#include <nlohmann/json.hpp>
+
+namespace focus {
+
+// Times cpu::quant_matvec with M = 1 (median of repetitions) per weight type, instruction set and
+// thread count (1 and 2) on the decoding shapes of SmolLM2-135M and Gemma 3 270M, against
+// cblas_sgemv on the same weights dequantised to float32; prints a table (microseconds, GB/s of
+// weight bytes read, speedup over sgemv) and returns the rows as JSON. full = false keeps the
+// shapes and types the two models' files use.
+nlohmann::json bench_quant_matvec(bool full);
+
+}  // namespace focus

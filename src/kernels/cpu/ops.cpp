@@ -198,19 +198,53 @@ void layernorm_backward(const float* x, const float* w, const float* dy, float* 
 }
 
 namespace {
+// cos and sin of every (position, pair) angle for one (theta, rot_dim), computed in double once
+// and kept by the calling thread: positions [0, n_pos) as cs[(pos * half + i) * 2 + {0, 1}].
+// Tables of the last few (theta, rot_dim) pairs are kept (a model has at most two thetas).
+struct RopeTable {
+  float theta = 0;
+  int64_t rot_dim = 0, n_pos = 0;
+  std::vector<float> cs;
+};
+
+const float* rope_table(float theta, int64_t rot_dim, int64_t pos_end) {
+  thread_local std::vector<RopeTable> tables;
+  RopeTable* t = nullptr;
+  for (auto& x : tables)
+    if (x.theta == theta && x.rot_dim == rot_dim) t = &x;
+  if (!t) {
+    if (tables.size() >= 4) tables.erase(tables.begin());
+    tables.push_back(RopeTable{theta, rot_dim, 0, {}});
+    t = &tables.back();
+  }
+  if (pos_end > t->n_pos) {
+    const int64_t half = rot_dim / 2, n = std::max(pos_end, 2 * t->n_pos);
+    t->cs.resize((size_t)(n * half * 2));
+    for (int64_t p = t->n_pos; p < n; ++p)
+      for (int64_t i = 0; i < half; ++i) {
+        // Frequencies in double so every format and path agrees on the angle.
+        const double freq = std::pow((double)theta, -2.0 * (double)i / (double)rot_dim);
+        const double ang = (double)p * freq;
+        t->cs[(p * half + i) * 2] = (float)std::cos(ang);
+        t->cs[(p * half + i) * 2 + 1] = (float)std::sin(ang);
+      }
+    t->n_pos = n;
+  }
+  return t->cs.data();
+}
+
 // Rotates each pair (a, b) of the first rot_dim dims of every head by the position's angle,
 // [[c, -s], [s, c]] for direction 1; direction -1 applies the transpose (the inverse rotation).
 void rotate_pairs(float* x, int64_t T, int64_t H, int64_t hd, int64_t rot_dim, int64_t pos0, float theta,
                   RopeStyle style, float direction) {
   const int64_t half = rot_dim / 2;
+  if (half == 0 || T <= 0) return;
+  const float* table = rope_table(theta, rot_dim, pos0 + T);
 #pragma omp parallel for schedule(static) if (T > 4)
   for (int64_t t = 0; t < T; ++t) {
-    const double pos = (double)(pos0 + t);
+    const float* cs = table + (pos0 + t) * half * 2;
     for (int64_t i = 0; i < half; ++i) {
-      // Frequencies in double so every format and path agrees on the angle.
-      const double freq = std::pow((double)theta, -2.0 * (double)i / (double)rot_dim);
-      const double ang = pos * freq;
-      const float c = (float)std::cos(ang), s = direction * (float)std::sin(ang);
+      const float c = cs[2 * i], s = direction * cs[2 * i + 1];
       for (int64_t h = 0; h < H; ++h) {
         float* v = x + (t * H + h) * hd;
         const int64_t a = style == RopeStyle::Interleaved ? 2 * i : i;

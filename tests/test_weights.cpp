@@ -14,6 +14,7 @@
 #include "core/mapped_file.h"
 #include "io/ggml_types.h"
 #include "kernels/cpu/ops.h"
+#include "eval/perplexity.h"
 #include "model/model.h"
 #include "test_models.h"
 #include "test_util.h"
@@ -180,4 +181,23 @@ TEST(Weights, SmolLM2NativeMatchesTheExactPath) {
 TEST(Weights, Gemma3NativeMatchesTheExactPath) {
   FOCUS_NEED_FILE(test::gemma3_path());
   check_real_model(test::gemma3_path(), GGMLType::Q5_0);
+}
+
+// eval --decode scores through the decoding path; with float32 weights it must agree with the
+// prefill scoring up to float rounding (the same computation, one row at a time).
+TEST(Weights, DecodeScoringAgreesWithPrefillOnTheExactPath) {
+  FOCUS_NEED_FILE(test::stories());
+  auto m = load_model(test::stories(), LoadOptions{test::tok512()});
+  std::vector<int32_t> ids;
+  for (int i = 0; i < 150; ++i) ids.push_back((i * 37 + 11) % (int)m->cfg.vocab);
+  PplOptions o;
+  o.ctx = 64;
+  o.progress = false;
+  const PplResult a = perplexity(*m, ids, o);
+  o.decode = true;
+  const PplResult b = perplexity(*m, ids, o);
+  EXPECT_EQ(a.tokens, b.tokens);
+  EXPECT_EQ(a.windows, b.windows);
+  EXPECT_NEAR(a.nll(), b.nll(), 1e-5);
+  EXPECT_GT(a.nll(), 1.0);
 }

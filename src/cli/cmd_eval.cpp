@@ -17,7 +17,7 @@ struct EvalFlags {
   ModelSetup s;
   std::vector<std::string> texts;
   int64_t ctx = 512, stride = 0, max_tokens = 0;
-  bool no_bos = false;
+  bool no_bos = false, decode = false;
 };
 
 int run_eval(const EvalFlags& f) {
@@ -28,6 +28,7 @@ int run_eval(const EvalFlags& f) {
   o.ctx = f.ctx;
   o.stride = f.stride;
   o.bos = !f.no_bos;
+  o.decode = f.decode;
   o.progress = true;
   o.attention = l.attention();
   install_interrupt_handler();
@@ -50,7 +51,8 @@ int run_eval(const EvalFlags& f) {
                      {"stride", o.stride ? o.stride : f.ctx},       {"ppl", r.ppl()},
                      {"nll", r.nll()},      {"tokens", r.tokens},    {"windows", r.windows},
                      {"tok_per_s", tps},    {"seconds", r.seconds},  {"threads", num_threads()},
-                     {"interrupted", r.interrupted},                {"focus", focus_desc}};
+                     {"interrupted", r.interrupted},                {"focus", focus_desc},
+                     {"weights", m.w.weights_mode},                 {"decode", f.decode}};
     if (!f.s.lora.empty()) j["lora"] = f.s.lora;
     if (sparse) {
       j["density"] = r.attention.density();
@@ -72,6 +74,8 @@ Command add_eval(CLI::App& app) {
   sub->add_option("--stride", f->stride, "window stride (default: ctx, non-overlapping)");
   sub->add_option("--max-tokens", f->max_tokens, "use only the first T text tokens");
   sub->add_flag("--no-bos", f->no_bos, "do not put BOS at the start of each window");
+  sub->add_flag("--decode", f->decode,
+                "score through the decoding path: tokens one at a time over the cache, as generation runs them");
   f->s.add_json(sub);
   f->s.add_focus(sub);
   f->s.add_lora(sub);

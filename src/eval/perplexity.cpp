@@ -55,6 +55,28 @@ double window_nll(const Model& m, const std::vector<int32_t>& ids, const std::ve
   return score_rows(m, hidden.data(), 0, targets, scored);
 }
 
+double window_nll_decode(const Model& m, const std::vector<int32_t>& ids, const std::vector<int32_t>& targets,
+                         const AttentionPlan* attention, AttentionStats* stats, int64_t* scored) {
+  const int64_t T = (int64_t)ids.size(), V = m.cfg.vocab;
+  FOCUS_CHECK(targets.size() == ids.size(), "window_nll: ", ids.size(), " ids but ", targets.size(), " targets");
+  KVCache cache;
+  cache.init(m.cfg, T);
+  std::vector<float> hidden(m.cfg.dim), logits(V);
+  double nll = 0;
+  int64_t n = 0;
+  for (int64_t t = 0; t < T; ++t) {
+    forward(m, &ids[t], 1, cache, hidden.data(), attention, stats);
+    if (targets[t] < 0) continue;
+    compute_logits(m, hidden.data(), 1, logits.data());
+    const double lp = cpu::log_prob(logits.data(), V, targets[t]);
+    FOCUS_CHECK(std::isfinite(lp), m.path, ": non-finite log-probability at window row ", t);
+    nll -= lp;
+    ++n;
+  }
+  if (scored) *scored = n;
+  return nll;
+}
+
 PrefixScorer::PrefixScorer(const Model& m, const AttentionPlan* attention) : m_(m), attention_(attention) {}
 
 double PrefixScorer::nll(const std::vector<int32_t>& ids, const std::vector<int32_t>& targets, int64_t* scored) {
@@ -113,7 +135,8 @@ PplResult perplexity(const Model& m, const std::vector<int32_t>& ids, const PplO
     tgt.assign(win.size(), -1);
     for (int64_t t = first_target; t < b; ++t) tgt[t - a + nb - 1] = ids[t];
     int64_t scored = 0;
-    r.nll_sum += window_nll(m, win, tgt, o.attention, &r.attention, &scored);
+    r.nll_sum += o.decode ? window_nll_decode(m, win, tgt, o.attention, &r.attention, &scored)
+                          : window_nll(m, win, tgt, o.attention, &r.attention, &scored);
     r.tokens += scored;
     scored_to = b;
     r.processed += (int64_t)win.size();

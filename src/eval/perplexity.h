@@ -14,6 +14,9 @@ struct PplOptions {
   bool bos = true;         // put the model's BOS at the start of every window (if it has one)
   bool progress = true;
   const AttentionPlan* attention = nullptr;  // per-layer attention (e.g. focus_plan), or the model's own
+  // Score through the decoding path: each window's tokens run one at a time over the cache (what
+  // generation computes: with native weights, the int8 matrix-vector kernels), not as one prefill.
+  bool decode = false;
 };
 
 struct PplResult {
@@ -32,6 +35,10 @@ struct PplResult {
 // targets[t] >= 0, and their count in *scored. Logits are made in row chunks (no [T, vocab]).
 double window_nll(const Model& m, const std::vector<int32_t>& ids, const std::vector<int32_t>& targets,
                   const AttentionPlan* attention, AttentionStats* stats, int64_t* scored);
+
+// The same, running the tokens one at a time over the cache (the decoding path).
+double window_nll_decode(const Model& m, const std::vector<int32_t>& ids, const std::vector<int32_t>& targets,
+                         const AttentionPlan* attention, AttentionStats* stats, int64_t* scored);
 
 // Scores requests one after another (multiple-choice tasks), reusing the keys and values of the
 // longest prefix a request shares with the previous one: the choices of an item share their

@@ -190,7 +190,8 @@ FocusConfigFile read_focus_config(const std::string& dir, const ModelConfig& c) 
   } catch (const nlohmann::json::exception& e) {
     fail(jp, ": invalid JSON: ", e.what());
   }
-  FOCUS_CHECK(j.value("format", "") == "focus-router", jp, ": not a focus router config");
+  FOCUS_CHECK(j.is_object() && j.contains("format") && j["format"] == "focus-router", jp,
+              ": not a focus router config");
   FocusSettings s;
   try {
     s.local_window = j.at("window").get<int64_t>();

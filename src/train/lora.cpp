@@ -174,7 +174,7 @@ LoraAdapters load_lora(const std::string& dir, const ModelConfig& c) {
   } catch (const json::exception& e) {
     fail(jp, ": invalid JSON: ", e.what());
   }
-  FOCUS_CHECK(j.is_object() && j.value("format", "") == "focus-lora", jp, ": not a focus LoRA config");
+  FOCUS_CHECK(j.is_object() && j.contains("format") && j["format"] == "focus-lora", jp, ": not a focus LoRA config");
   LoraSettings s;
   std::vector<int64_t> layers;
   try {

@@ -63,6 +63,7 @@ for h in "${harnesses[@]}"; do
   [ -x "$bin" ] || { echo "[fuzz] error: no harness '$h' (fuzz/$h.cpp)" >&2; exit 2; }
   corpus="$SCRATCH/$h/corpus"
   findings="$BUILD/findings/$h"
+  rm -rf "$findings"
   mkdir -p "$corpus" "$findings"
   [ -d "$ROOT/fuzz/corpus/$h" ] && cp -r "$ROOT/fuzz/corpus/$h/." "$corpus/"
   log="$SCRATCH/$h/log"

@@ -181,6 +181,13 @@ struct FocusConfigFile {
   std::string path;  // the focus.json it came from, for error messages
 };
 
+// An integer field of focus.json (a float there would be converted without a range check).
+int64_t int_field(const nlohmann::json& j, const char* key, const std::string& path) {
+  const nlohmann::json& v = j.at(key);
+  FOCUS_CHECK(v.is_number_integer(), path, ": '", key, "' must be an integer (got ", v.dump(), ")");
+  return v.get<int64_t>();
+}
+
 FocusConfigFile read_focus_config(const std::string& dir, const ModelConfig& c) {
   const std::string jp = (fs::path(dir) / "focus.json").string();
   FOCUS_CHECK(fs::is_directory(dir), dir, ": not a router folder (expected focus.json and router.safetensors)");
@@ -190,14 +197,15 @@ FocusConfigFile read_focus_config(const std::string& dir, const ModelConfig& c) 
   } catch (const nlohmann::json::exception& e) {
     fail(jp, ": invalid JSON: ", e.what());
   }
-  FOCUS_CHECK(j.value("format", "") == "focus-router", jp, ": not a focus router config");
+  FOCUS_CHECK(j.is_object() && j.contains("format") && j["format"] == "focus-router", jp,
+              ": not a focus router config");
   FocusSettings s;
   try {
-    s.local_window = j.at("window").get<int64_t>();
-    s.sinks = j.at("sinks").get<int64_t>();
-    s.groups = j.at("groups").get<int64_t>();
-    s.dg = j.at("dg").get<int64_t>();
-    s.topk = j.value("topk", 1);
+    s.local_window = int_field(j, "window", jp);
+    s.sinks = int_field(j, "sinks", jp);
+    s.groups = int_field(j, "groups", jp);
+    s.dg = int_field(j, "dg", jp);
+    s.topk = j.contains("topk") ? (int)std::clamp<int64_t>(int_field(j, "topk", jp), -1, 1 << 20) : 1;
     s.tau = j.value("tau", 0.1f);
     s.eps = j.value("eps", 1e-6f);
     s.learn_tau = j.value("learn_tau", false);
@@ -214,7 +222,7 @@ FocusConfigFile read_focus_config(const std::string& dir, const ModelConfig& c) 
     s.route_on_qk = input == "qk";
     s.topk_by_mass = j.value("topk_by_mass", false);
     s.dense_above = j.value("dense_above", 1.f);
-    FOCUS_CHECK(j.at("model_dim").get<int64_t>() == c.dim && j.at("model_layers").get<int64_t>() == c.layers, jp,
+    FOCUS_CHECK(int_field(j, "model_dim", jp) == c.dim && int_field(j, "model_layers", jp) == c.layers, jp,
                 ": routers were made for a model with dim ", j.at("model_dim"), " and ", j.at("model_layers"),
                 " layers; this model has dim ", c.dim, " and ", c.layers, " layers");
   } catch (const nlohmann::json::exception& e) {

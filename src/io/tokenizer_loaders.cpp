@@ -109,12 +109,17 @@ VocabData vocab_from_hf_json(const std::string& path) {
   v.tokens = tokens_from_map(model["vocab"], path);
   v.types.assign(v.tokens.size(), kTypeNormal);
   if (j.contains("added_tokens") && j["added_tokens"].is_array()) {
+    // Added tokens extend the vocabulary (or replace entries of it): their ids stay within a few
+    // of its end, so a gap larger than kMaxGap is a corrupt id, not a table to allocate.
+    constexpr int64_t kMaxGap = 1 << 16;
+    const int64_t max_id = (int64_t)v.tokens.size() + (int64_t)j["added_tokens"].size() + kMaxGap;
     for (const json& a : j["added_tokens"]) {
       FOCUS_CHECK(a.is_object() && a.contains("id") && a.contains("content") && a["id"].is_number_integer() &&
-                      a["content"].is_string(),
-                  path, ": malformed entry in added_tokens");
+                      a["content"].is_string() && (!a.contains("special") || a["special"].is_boolean()),
+                  path, ": malformed entry in added_tokens: ", a.dump().substr(0, 200));
       const int64_t id = a["id"].get<int64_t>();
-      FOCUS_CHECK(id >= 0 && id < (int64_t)1 << 30, path, ": added token id ", id, " out of range");
+      FOCUS_CHECK(id >= 0 && id < max_id, path, ": added token id ", id, " out of range (the vocabulary has ",
+                  v.tokens.size(), " tokens)");
       if ((size_t)id >= v.tokens.size()) {
         v.tokens.resize(id + 1);
         v.types.resize(id + 1, kTypeUnused);

@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <type_traits>
 
 #include "core/error.h"
 #include "core/mapped_file.h"
@@ -47,12 +48,34 @@ void apply_arch_defaults(ModelConfig& c) {
   }
 }
 
-void check_config(const ModelConfig& c, const std::string& path) {
+// A JSON number read as T. An integer setting written as a float must hold a whole number in
+// range (converting anything else would be undefined).
+template <class T>
+T json_number(const nlohmann::json& v, const char* key, const std::string& path) {
+  FOCUS_CHECK(v.is_number(), path, ": '", key, "' is not a number");
+  if constexpr (std::is_integral_v<T>) {
+    if (v.is_number_float()) {
+      const double d = v.get<double>();
+      FOCUS_CHECK(std::isfinite(d) && d == std::floor(d) && std::fabs(d) < 9.0e15, path, ": '", key,
+                  "' is not an integer (", d, ")");
+      return (T)d;
+    }
+  }
+  return v.get<T>();
+}
+
+// The sizes a header gives, checked before anything is allocated from them (layer tables first).
+void check_sizes(const ModelConfig& c, const std::string& path) {
   FOCUS_CHECK(c.vocab > 0 && c.dim > 0 && c.layers > 0 && c.heads > 0 && c.kv_heads > 0 && c.ffn > 0, path,
               ": invalid model sizes (vocab ", c.vocab, ", dim ", c.dim, ", layers ", c.layers, ", heads ", c.heads,
               ", kv heads ", c.kv_heads, ", ffn ", c.ffn, ")");
   FOCUS_CHECK(c.vocab < (1 << 24) && c.dim < (1 << 16) && c.layers < 1024 && c.heads <= 1024 && c.ffn < (1 << 20),
-              path, ": absurd model sizes");
+              path, ": absurd model sizes (vocab ", c.vocab, ", dim ", c.dim, ", layers ", c.layers, ", heads ", c.heads,
+              ", ffn ", c.ffn, ")");
+}
+
+void check_config(const ModelConfig& c, const std::string& path) {
+  check_sizes(c, path);
   FOCUS_CHECK(c.heads % c.kv_heads == 0, path, ": ", c.heads, " attention heads are not a multiple of ", c.kv_heads,
               " kv heads");
   FOCUS_CHECK(c.head_dim > 0 && c.head_dim <= 1024, path, ": invalid head dimension ", c.head_dim);
@@ -131,6 +154,7 @@ std::unique_ptr<Model> load_gguf(const std::string& path, const LoadOptions& opt
   const io::GGUFTensor& emb = f.tensor("token_embd.weight");
   FOCUS_CHECK(emb.ne.size() == 2 && emb.ne[0] == c.dim, path, ": token_embd.weight has the wrong shape");
   c.vocab = emb.ne[1];
+  check_sizes(c, path);
   if (c.arch == Arch::Gemma3) {
     // Gemma 3: sliding-window layers with local RoPE base 10000; every 6th layer is global.
     const int64_t sw = f.get_int(key("attention.sliding_window"), 512);
@@ -236,6 +260,7 @@ std::unique_ptr<Model> load_llama2c(const std::string& path, const LoadOptions& 
   FOCUS_CHECK(c.dim > 0 && c.heads > 0 && c.kv_heads > 0 && c.dim % c.heads == 0 && c.max_ctx > 0, path,
               ": not a llama2.c checkpoint (header dim ", h[0], ", hidden ", h[1], ", layers ", h[2], ", heads ", h[3],
               ", kv heads ", h[4], ", vocab ", h[5], ", seq_len ", h[6], ")");
+  check_sizes(c, path);
   apply_arch_defaults(c);
   check_config(c, path);
   const int64_t D = c.dim, F = c.ffn, Lr = c.layers, hd = c.head_dim, KV = c.kv_dim();
@@ -318,9 +343,9 @@ std::unique_ptr<Model> load_safetensors(const std::string& dir, const LoadOption
   auto num = [&](const char* k, auto def) {
     using T = decltype(def);
     if (!j.contains(k) || j[k].is_null()) return def;
-    FOCUS_CHECK(j[k].is_number(), cfg_path, ": '", k, "' is not a number");
-    return j[k].get<T>();
+    return json_number<T>(j[k], k, cfg_path);
   };
+  FOCUS_CHECK(!j.contains("model_type") || j["model_type"].is_string(), cfg_path, ": 'model_type' is not a string");
   const std::string mt = j.value("model_type", "");
   c.arch_name = mt;
   std::string pre;  // tensor name prefix
@@ -343,8 +368,7 @@ std::unique_ptr<Model> load_safetensors(const std::string& dir, const LoadOption
     auto tnum = [&](const char* k, auto def) {
       using T = decltype(def);
       if (!t.contains(k) || t[k].is_null()) return def;
-      FOCUS_CHECK(t[k].is_number(), cfg_path, ": '", k, "' is not a number");
-      return t[k].get<T>();
+      return json_number<T>(t[k], k, cfg_path);
     };
     c.dim = tnum("hidden_size", int64_t(0));
     c.layers = tnum("num_hidden_layers", int64_t(0));
@@ -357,6 +381,7 @@ std::unique_ptr<Model> load_safetensors(const std::string& dir, const LoadOption
     c.rope_theta = tnum("rope_theta", 10000.0);
     c.head_dim = tnum("head_dim", int64_t(0));
     c.rope_style = cpu::RopeStyle::SplitHalf;  // HF stores q/k unpermuted
+    check_sizes(c, cfg_path);
     if (c.arch == Arch::Gemma3) {
       c.rope_theta_local = tnum("rope_local_base_freq", 10000.0);
       const int64_t sw = tnum("sliding_window", int64_t(512));
@@ -367,6 +392,7 @@ std::unique_ptr<Model> load_safetensors(const std::string& dir, const LoadOption
           if (t["layer_types"][l] == "sliding_attention") c.layer_sliding_window[l] = sw;
       } else {
         const int64_t pat = tnum("sliding_window_pattern", int64_t(6));
+        FOCUS_CHECK(pat >= 1, cfg_path, ": sliding_window_pattern must be at least 1 (got ", pat, ")");
         for (int64_t l = 0; l < c.layers; ++l)
           if ((l + 1) % pat != 0) c.layer_sliding_window[l] = sw;
       }
@@ -381,6 +407,7 @@ std::unique_ptr<Model> load_safetensors(const std::string& dir, const LoadOption
   } else {
     fail(cfg_path, ": unsupported model_type '", mt, "' (supported: gpt2, llama, mistral, qwen2, gemma3)");
   }
+  check_sizes(c, cfg_path);
   apply_arch_defaults(c);
   check_config(c, cfg_path);
 

@@ -164,6 +164,14 @@ void save_lora(const LoraAdapters& a, const std::string& dir, const ModelConfig&
   io::write_file_atomic((fs::path(dir) / "lora.json").string(), j.dump(2) + "\n");
 }
 
+namespace {
+// An integer of lora.json (a float there would be converted without a range check).
+int64_t int_value(const json& v, const char* key, const std::string& path) {
+  FOCUS_CHECK(v.is_number_integer(), path, ": '", key, "' must be an integer (got ", v.dump(), ")");
+  return v.get<int64_t>();
+}
+}  // namespace
+
 LoraAdapters load_lora(const std::string& dir, const ModelConfig& c) {
   const std::string jp = (fs::path(dir) / "lora.json").string();
   const std::string sp = (fs::path(dir) / "lora.safetensors").string();
@@ -174,11 +182,11 @@ LoraAdapters load_lora(const std::string& dir, const ModelConfig& c) {
   } catch (const json::exception& e) {
     fail(jp, ": invalid JSON: ", e.what());
   }
-  FOCUS_CHECK(j.is_object() && j.value("format", "") == "focus-lora", jp, ": not a focus LoRA config");
+  FOCUS_CHECK(j.is_object() && j.contains("format") && j["format"] == "focus-lora", jp, ": not a focus LoRA config");
   LoraSettings s;
   std::vector<int64_t> layers;
   try {
-    s.rank = j.at("rank").get<int64_t>();
+    s.rank = int_value(j.at("rank"), "rank", jp);
     s.alpha = j.at("alpha").get<float>();
     const std::string tg = j.at("targets").get<std::string>();
     try {
@@ -186,13 +194,15 @@ LoraAdapters load_lora(const std::string& dir, const ModelConfig& c) {
     } catch (const Error& e) {
       fail(jp, ": ", e.what());
     }
-    const int64_t dim = j.at("model_dim").get<int64_t>(), nl = j.at("model_layers").get<int64_t>();
-    const int64_t qd = j.value("model_q_dim", c.q_dim()), kd = j.value("model_kv_dim", c.kv_dim());
+    const int64_t dim = int_value(j.at("model_dim"), "model_dim", jp), nl = int_value(j.at("model_layers"), "model_layers", jp);
+    const int64_t qd = j.contains("model_q_dim") ? int_value(j["model_q_dim"], "model_q_dim", jp) : c.q_dim();
+    const int64_t kd = j.contains("model_kv_dim") ? int_value(j["model_kv_dim"], "model_kv_dim", jp) : c.kv_dim();
     FOCUS_CHECK(dim == c.dim && nl == c.layers && qd == c.q_dim() && kd == c.kv_dim(), jp,
                 ": adapters were made for a model with dim ", dim, ", ", nl, " layers, q width ", qd,
                 ", kv width ", kd, "; this model has dim ", c.dim, ", ", c.layers, " layers, q width ", c.q_dim(),
                 ", kv width ", c.kv_dim());
-    layers = j.at("layers").get<std::vector<int64_t>>();
+    FOCUS_CHECK(j.at("layers").is_array(), jp, ": 'layers' must be an array of layer ids");
+    for (const json& l : j["layers"]) layers.push_back(int_value(l, "layers", jp));
   } catch (const json::exception& e) {
     fail(jp, ": missing or malformed field: ", e.what());
   }

@@ -119,6 +119,7 @@ Checkpoint load_checkpoint(const std::string& path, TrainTask& task, AdamWState&
   } catch (const json::exception& e) {
     fail(path, ": malformed checkpoint metadata: ", e.what());
   }
+  FOCUS_CHECK(meta.is_object(), path, ": malformed checkpoint metadata: not a JSON object");
   if (meta["identity"] != task.identity)
     fail(path, ": the checkpoint was made with other settings (", identity_diff(meta["identity"], task.identity),
          "); resume with the same flags");
@@ -132,6 +133,8 @@ Checkpoint load_checkpoint(const std::string& path, TrainTask& task, AdamWState&
   } catch (const json::exception& e) {
     fail(path, ": malformed checkpoint metadata: ", e.what());
   }
+  FOCUS_CHECK(c.step >= 0 && st.t >= 0 && c.train_tokens >= 0, path, ": malformed checkpoint metadata: step ", c.step,
+              ", adam_t ", st.t, ", train_tokens ", c.train_tokens, " (must not be negative)");
   const size_t nb = task.params.size();
   st.m.assign(nb, {});
   st.v.assign(nb, {});
@@ -152,7 +155,13 @@ Checkpoint load_checkpoint(const std::string& path, TrainTask& task, AdamWState&
       st.v[b].assign(n, 0.f);
     }
   }
-  if (task.load_state) task.load_state(file, meta);
+  if (task.load_state) {
+    try {
+      task.load_state(file, meta);
+    } catch (const json::exception& e) {
+      fail(path, ": malformed checkpoint metadata: ", e.what());
+    }
+  }
   return c;
 }
 

@@ -9,7 +9,9 @@ each model:
   peak resident memory of the same short generation (llama-completion vs focus generate, /usr/bin/time),
   perplexity on the same text (llama-perplexity vs focus eval; llama-perplexity scores the second
   half of each window, focus eval every token, so the two numbers are each engine's own measure;
-  focus's native weights are also compared with its exact f32 path on the same tokens).
+  focus's native weights are also compared with its exact f32 path on the same tokens),
+  and for smollm2, generation at a long depth (default 8000) with the shipped Focus routers
+  (routers/smollm2-books, hard mode) against both engines' dense generation.
 Writes a markdown table and the raw JSON.
 
   bench/compare_llamacpp.py [--models smollm2,gemma3-270m] [--threads 2] [--out DIR] [--quick]
@@ -107,6 +109,10 @@ def main():
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--gen", type=int, default=64)
     ap.add_argument("--quick", action="store_true", help="prefill 512, depth 0 only, 1 repetition, short perplexity")
+    ap.add_argument("--routers", default=str(ROOT / "routers" / "smollm2-books"),
+                    help="Focus routers for smollm2, timed in generation at --long-depth")
+    ap.add_argument("--long-depth", type=int, default=8000,
+                    help="cache depth of the generation test with the routers (0: skip; skipped with --quick)")
     a = ap.parse_args()
 
     focus = Path(a.focus)
@@ -119,7 +125,7 @@ def main():
     prefills, depths, reps = ([512], [0], 1) if a.quick else ([512, 2048], [0, 4096], a.reps)
     ppl_ctx, ppl_tokens = (512, 1024) if a.quick else (2048, 8192)
     threads = str(a.threads)
-    results = {"date": datetime.date.today().isoformat(), "cpu": cpu_name(), "threads": a.threads,
+    results = {"date": datetime.date.today().isoformat(), "cpu": cpu_name(), "threads": a.threads, "gen": a.gen,
                "llama_cpp_python": LLAMA_CPP_PYTHON, "models": {}}
     for name in a.models.split(","):
         path = CACHE / "models" / MODELS[name]
@@ -132,8 +138,22 @@ def main():
         res["llama.cpp"] = {f"{k[0]} {k[1]} @{k[2]}": v for k, v in ll.items()}
         fargs = ["--prefill", ",".join(map(str, prefills)), "--depth", ",".join(map(str, depths)), "--gen", str(a.gen)]
         for w in a.weights.split(","):
-            fo, _ = focus_bench(focus, name, threads, w, fargs, reps)
+            fo, j = focus_bench(focus, name, threads, w, fargs, reps)
             res[f"focus {w}"] = {f"{k[0]} {k[1]} @{k[2]}": v for k, v in fo.items()}
+            res[f"focus {w} kv_type"] = j.get("kv_type")
+        # Long-context generation: llama.cpp dense, focus dense and focus with the routers.
+        routers = Path(a.routers)
+        if name == "smollm2" and a.long_depth > 0 and not a.quick and (routers / "focus.json").exists():
+            d, w = a.long_depth, a.weights.split(",")[0]
+            largs = ["--prefill", "0", "--depth", str(d), "--gen", str(a.gen)]
+            ld = {"depth": d, "routers": str(routers)}
+            lb = llama_bench(bindir, path, threads, ["-p", "0", "-n", str(a.gen), "-d", str(d)], reps)
+            ld["llama.cpp"] = list(lb.values())[0]
+            fo, _ = focus_bench(focus, name, threads, w, largs, reps)
+            ld[f"focus {w}"] = list(fo.values())[0]
+            fo, _ = focus_bench(focus, name, threads, w, largs + ["--focus", str(routers), "--mode", "hard"], reps)
+            ld[f"focus {w} + routers (hard)"] = list(fo.values())[0]
+            res["long_generation"] = ld
         # The same short generation in both engines: peak memory.
         prompt = "The quick brown fox jumps over the lazy dog. Once upon a time"
         n = 128
@@ -193,7 +213,16 @@ def table(results, weights):
                      f" | {pr[f'focus {weights[0]}'] / pr['llama.cpp']:.2f}x |")
         pp = res["ppl"]
         lines.append("| perplexity | " + " / ".join(f"{k}: {v:.4f}" for k, v in pp.items() if v) + " | | |")
-        lines.append("")
+        kv = ", ".join(f"focus {w}: {res.get(f'focus {w} kv_type')}" for w in weights)
+        lines += ["", f"KV cache: llama.cpp f16, {kv}.", ""]
+        ld = res.get("long_generation")
+        if ld:
+            lines += [f"Generation of {results.get('gen', 64)} tokens at depth {ld['depth']} (tok/s; ratio to llama.cpp; "
+                      f"routers {ld['routers']}):", "", "| engine | tok/s | ratio |", "|---|---|---|"]
+            for k, v in ld.items():
+                if k not in ("depth", "routers"):
+                    lines.append(f"| {k} | {v:.1f} | {v / ld['llama.cpp']:.2f}x |")
+            lines.append("")
     return "\n".join(lines) + "\n"
 
 

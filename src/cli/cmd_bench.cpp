@@ -30,6 +30,7 @@ Command add_bench(CLI::App& app) {
   auto* bm = bench->add_subcommand("model", "prefill and generation tokens/s of a model (random tokens, like llama-bench)");
   ms->add_model(bm);
   ms->add_focus(bm);
+  ms->add_kv_type(bm);
   bm->add_option("--prefill", mo->prefill, "prompt lengths to time (comma separated; default 512,2048; 0: none)")->delimiter(',');
   bm->add_option("--depth", mo->depth, "cache depths to generate at (comma separated; default 0,4096)")->delimiter(',');
   bm->add_option("--gen", mo->gen, "tokens generated per generation test (default 64)");
@@ -39,7 +40,9 @@ Command add_bench(CLI::App& app) {
   return {bench, [bo, ba, bm, mo, ms] {
             if (bm->parsed()) {
               Loaded l = ms->load();
-              return run_model_bench(*l.model, l.attention(), l.describe(), *mo);
+              ModelBenchOptions o = *mo;
+              o.kv_type = ms->kv();
+              return run_model_bench(*l.model, l.attention(), l.describe(), o);
             }
             AttnBenchOptions o = *bo;
             if (!ba->count("--kv-heads")) o.kv_heads = o.heads;

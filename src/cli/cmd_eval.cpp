@@ -29,6 +29,7 @@ int run_eval(const EvalFlags& f) {
   o.stride = f.stride;
   o.bos = !f.no_bos;
   o.decode = f.decode;
+  o.kv_type = f.s.kv();
   o.progress = true;
   o.attention = l.attention();
   install_interrupt_handler();
@@ -52,7 +53,7 @@ int run_eval(const EvalFlags& f) {
                      {"nll", r.nll()},      {"tokens", r.tokens},    {"windows", r.windows},
                      {"tok_per_s", tps},    {"seconds", r.seconds},  {"threads", num_threads()},
                      {"interrupted", r.interrupted},                {"focus", focus_desc},
-                     {"weights", m.w.weights_mode},                 {"decode", f.decode}};
+                     {"weights", m.w.weights_mode},                 {"decode", f.decode}, {"kv_type", cpu::to_string(o.kv_type)}};
     if (!f.s.lora.empty()) j["lora"] = f.s.lora;
     if (sparse) {
       j["density"] = r.attention.density();
@@ -78,6 +79,7 @@ Command add_eval(CLI::App& app) {
                 "score through the decoding path: tokens one at a time over the cache, as generation runs them");
   f->s.add_json(sub);
   f->s.add_focus(sub);
+  f->s.add_kv_type(sub);
   f->s.add_lora(sub);
   return {sub, [f] { return run_eval(*f); }};
 }

@@ -35,6 +35,7 @@ int run_generate(const GenerateFlags& f) {
   o.temperature = f.temp;
   o.seed = f.seed;
   o.attention = l.attention();
+  o.kv_type = f.s.kv();
   o.on_token = [&](int32_t token, int32_t previous) {
     std::fputs(m.tok->piece(token, previous).c_str(), stdout);
     std::fflush(stdout);
@@ -67,6 +68,7 @@ Command add_generate(CLI::App& app) {
   sub->add_option("-p,--prompt", f->prompt, "prompt text");
   sub->add_option("--prompt-file", f->prompt_file, "read the prompt from a file (not echoed)");
   f->s.add_focus(sub);
+  f->s.add_kv_type(sub);
   sub->add_option("-n", f->n, "tokens to generate")->check(CLI::NonNegativeNumber);
   sub->add_option("--temp", f->temp, "temperature (0 = greedy)")->check(CLI::NonNegativeNumber);
   sub->add_option("--seed", f->seed, "sampling seed");

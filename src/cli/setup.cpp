@@ -97,6 +97,18 @@ void ModelSetup::add_model(CLI::App* app, bool required, bool positional) {
       ->check(CLI::IsMember({"native", "f32", "bf16"}));
 }
 
+void ModelSetup::add_kv_type(CLI::App* app) {
+  app->add_option("--kv-type", kv_type,
+                  "element type of the KV cache: f16 or bf16 (half the memory and bandwidth of f32), f32; auto "
+                  "(default): f32 with --weights f32, else f16")
+      ->check(CLI::IsMember({"auto", "f32", "f16", "bf16"}));
+}
+
+cpu::KvType ModelSetup::kv() const {
+  if (kv_type != "auto") return cpu::parse_kv_type(kv_type);
+  return weights == "f32" ? cpu::KvType::F32 : cpu::KvType::F16;
+}
+
 void ModelSetup::add_lora(CLI::App* app) {
   app->add_option("--lora", lora, "LoRA folder (lora.json + lora.safetensors) merged into the weights");
 }

@@ -64,12 +64,18 @@ struct Loaded {
 struct ModelSetup {
   std::string model, tokenizer, lora;
   std::string weights = "native";  // --weights native|f32|bf16
+  std::string kv_type = "auto";    // --kv-type auto|f32|f16|bf16 (add_kv_type)
   FocusFlags focus;
   std::string attention;  // --attention SPEC (registered with add_focus)
   bool as_json = false;
   // --model MODEL (required or not), or with `positional` a MODEL argument; --tokenizer and --weights.
   void add_model(CLI::App* app, bool required = true, bool positional = false);
   void add_lora(CLI::App* app);
+  // --kv-type (subcommands that run a KV cache: generate, eval, bench model).
+  void add_kv_type(CLI::App* app);
+  // The KV cache's element type: --kv-type, or for auto float32 with --weights f32 (the exact
+  // path) and half precision otherwise.
+  cpu::KvType kv() const;
   // --focus and the router flags, and --attention SPEC.
   void add_focus(CLI::App* app);
   void add_json(CLI::App* app, const std::string& help = "last stdout line is a JSON object");

@@ -53,8 +53,10 @@ int run_model_bench(const Model& m, const AttentionPlan* plan, const std::string
   j["matrix_bytes"] = m.w.matrix_bytes();
   j["threads"] = num_threads();
   j["attention"] = attention;
-  std::printf("model %s, weights %s (%.1f MB of matrices), %d threads, attention %s\n", m.path.c_str(),
-              m.w.weights_mode.c_str(), m.w.matrix_bytes() / 1e6, num_threads(), attention.c_str());
+  j["kv_type"] = cpu::to_string(o.kv_type);
+  std::printf("model %s, weights %s (%.1f MB of matrices), KV cache %s, %d threads, attention %s\n",
+              m.path.c_str(), m.w.weights_mode.c_str(), m.w.matrix_bytes() / 1e6, cpu::to_string(o.kv_type).c_str(),
+              num_threads(), attention.c_str());
   std::printf("%-8s %8s %8s %12s %10s\n", "test", "tokens", "depth", "tok/s", "seconds");
   std::vector<float> logits(c.vocab);
   nlohmann::json rows = nlohmann::json::array();
@@ -65,7 +67,7 @@ int run_model_bench(const Model& m, const AttentionPlan* plan, const std::string
     std::vector<double> t;
     for (int r = 0; r <= o.reps && !interrupted(); ++r) {
       KVCache cache;
-      cache.init(c, P);
+      cache.init(c, P, o.kv_type);
       const double t0 = now();
       forward(m, ids.data(), P, cache, hidden.data(), plan);
       compute_logits(m, hidden.data() + (P - 1) * c.dim, 1, logits.data());
@@ -79,7 +81,7 @@ int run_model_bench(const Model& m, const AttentionPlan* plan, const std::string
   for (int64_t D : o.depth) {
     const std::vector<int32_t> ids = random_ids(D + o.gen, c.vocab, o.seed + 7 * (uint64_t)D + 1);
     KVCache cache;
-    cache.init(c, D + o.gen);
+    cache.init(c, D + o.gen, o.kv_type);
     std::vector<float> hidden(std::max<int64_t>(D, 1) * c.dim);
     if (D > 0) forward(m, ids.data(), D, cache, hidden.data(), plan);  // untimed: fills the cache
     std::vector<double> t;

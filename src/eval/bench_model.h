@@ -18,6 +18,7 @@ struct ModelBenchOptions {
   int reps = 3;                                // timed repetitions (median) after one warm-up
   uint64_t seed = 1;
   bool json = false;
+  cpu::KvType kv_type = cpu::KvType::F32;  // the KV cache's element type
 };
 
 // Runs on the threads the caller set; `plan` null: the model's own attention. Prints a table

@@ -45,22 +45,22 @@ double score_rows(const Model& m, const float* hidden, int64_t row0, const std::
 }  // namespace
 
 double window_nll(const Model& m, const std::vector<int32_t>& ids, const std::vector<int32_t>& targets,
-                  const AttentionPlan* attention, AttentionStats* stats, int64_t* scored) {
+                  const AttentionPlan* attention, AttentionStats* stats, int64_t* scored, cpu::KvType kv) {
   const int64_t T = (int64_t)ids.size();
   FOCUS_CHECK(targets.size() == ids.size(), "window_nll: ", ids.size(), " ids but ", targets.size(), " targets");
   KVCache cache;
-  cache.init(m.cfg, T);
+  cache.init(m.cfg, T, kv);
   std::vector<float> hidden(T * m.cfg.dim);
   forward(m, ids.data(), T, cache, hidden.data(), attention, stats);
   return score_rows(m, hidden.data(), 0, targets, scored);
 }
 
 double window_nll_decode(const Model& m, const std::vector<int32_t>& ids, const std::vector<int32_t>& targets,
-                         const AttentionPlan* attention, AttentionStats* stats, int64_t* scored) {
+                         const AttentionPlan* attention, AttentionStats* stats, int64_t* scored, cpu::KvType kv) {
   const int64_t T = (int64_t)ids.size(), V = m.cfg.vocab;
   FOCUS_CHECK(targets.size() == ids.size(), "window_nll: ", ids.size(), " ids but ", targets.size(), " targets");
   KVCache cache;
-  cache.init(m.cfg, T);
+  cache.init(m.cfg, T, kv);
   std::vector<float> hidden(m.cfg.dim), logits(V);
   double nll = 0;
   int64_t n = 0;
@@ -77,7 +77,8 @@ double window_nll_decode(const Model& m, const std::vector<int32_t>& ids, const 
   return nll;
 }
 
-PrefixScorer::PrefixScorer(const Model& m, const AttentionPlan* attention) : m_(m), attention_(attention) {}
+PrefixScorer::PrefixScorer(const Model& m, const AttentionPlan* attention, cpu::KvType kv)
+    : m_(m), attention_(attention), kv_(kv) {}
 
 double PrefixScorer::nll(const std::vector<int32_t>& ids, const std::vector<int32_t>& targets, int64_t* scored) {
   const int64_t T = (int64_t)ids.size();
@@ -91,7 +92,7 @@ double PrefixScorer::nll(const std::vector<int32_t>& ids, const std::vector<int3
   const int64_t lim = std::min<int64_t>({first, (int64_t)prev_.size(), cache_.len});
   while (start < lim && prev_[start] == ids[start]) ++start;
   if (cache_.capacity < T) {
-    cache_.init(m_.cfg, std::max<int64_t>(T, 2 * cache_.capacity));
+    cache_.init(m_.cfg, std::max<int64_t>(T, 2 * cache_.capacity), kv_);
     start = 0;
   }
   cache_.truncate(start);
@@ -135,8 +136,8 @@ PplResult perplexity(const Model& m, const std::vector<int32_t>& ids, const PplO
     tgt.assign(win.size(), -1);
     for (int64_t t = first_target; t < b; ++t) tgt[t - a + nb - 1] = ids[t];
     int64_t scored = 0;
-    r.nll_sum += o.decode ? window_nll_decode(m, win, tgt, o.attention, &r.attention, &scored)
-                          : window_nll(m, win, tgt, o.attention, &r.attention, &scored);
+    r.nll_sum += o.decode ? window_nll_decode(m, win, tgt, o.attention, &r.attention, &scored, o.kv_type)
+                          : window_nll(m, win, tgt, o.attention, &r.attention, &scored, o.kv_type);
     r.tokens += scored;
     scored_to = b;
     r.processed += (int64_t)win.size();

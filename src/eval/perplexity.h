@@ -17,6 +17,7 @@ struct PplOptions {
   // Score through the decoding path: each window's tokens run one at a time over the cache (what
   // generation computes: with native weights, the int8 matrix-vector kernels), not as one prefill.
   bool decode = false;
+  cpu::KvType kv_type = cpu::KvType::F32;  // the KV cache's element type
 };
 
 struct PplResult {
@@ -33,12 +34,15 @@ struct PplResult {
 
 // One window run from position 0: the sum of -log p(targets[t] | ids[0..t]) over the rows with
 // targets[t] >= 0, and their count in *scored. Logits are made in row chunks (no [T, vocab]).
+// kv: the KV cache's element type.
 double window_nll(const Model& m, const std::vector<int32_t>& ids, const std::vector<int32_t>& targets,
-                  const AttentionPlan* attention, AttentionStats* stats, int64_t* scored);
+                  const AttentionPlan* attention, AttentionStats* stats, int64_t* scored,
+                  cpu::KvType kv = cpu::KvType::F32);
 
 // The same, running the tokens one at a time over the cache (the decoding path).
 double window_nll_decode(const Model& m, const std::vector<int32_t>& ids, const std::vector<int32_t>& targets,
-                         const AttentionPlan* attention, AttentionStats* stats, int64_t* scored);
+                         const AttentionPlan* attention, AttentionStats* stats, int64_t* scored,
+                         cpu::KvType kv = cpu::KvType::F32);
 
 // Scores requests one after another (multiple-choice tasks), reusing the keys and values of the
 // longest prefix a request shares with the previous one: the choices of an item share their
@@ -48,7 +52,7 @@ double window_nll_decode(const Model& m, const std::vector<int32_t>& ids, const 
 // those of a run from position 0.
 class PrefixScorer {
  public:
-  PrefixScorer(const Model& m, const AttentionPlan* attention);
+  PrefixScorer(const Model& m, const AttentionPlan* attention, cpu::KvType kv = cpu::KvType::F32);
   // As window_nll for ids[0..T) (run from position 0), given the previous requests.
   double nll(const std::vector<int32_t>& ids, const std::vector<int32_t>& targets, int64_t* scored);
   int64_t reused_tokens() const { return reused_; }      // rows taken from the cache
@@ -57,6 +61,7 @@ class PrefixScorer {
  private:
   const Model& m_;
   const AttentionPlan* attention_;
+  cpu::KvType kv_;
   KVCache cache_;
   std::vector<int32_t> prev_;
   std::vector<float> hidden_;

@@ -42,6 +42,11 @@ cpu::AttnShape focus_shape(const ModelConfig& c, const FocusSettings& fs, int64_
   return s;
 }
 
+// The cached rows of a call: the cache's own view when the caller set one, else the floats.
+cpu::KvView cache_or_floats(cpu::KvView view, const float* f) {
+  return view.data ? view : cpu::KvView(f);
+}
+
 void add_causal(AttentionStats* stats, int64_t pos0, int64_t T, double pairs) {
   stats->computed_pairs += pairs;
   stats->causal_pairs += (double)T * (double)pos0 + 0.5 * (double)T * (double)(T + 1);
@@ -53,6 +58,7 @@ class WindowAttention final : public AttentionPolicy {
  public:
   explicit WindowAttention(const FocusSettings& fs) : fs_(fs) {}
   std::string name() const override { return "window"; }
+  bool reads_cache_views() const override { return true; }
 
   void attend(const AttentionCall& a, std::unique_ptr<AttentionState>& state, AttentionStats* stats) const override {
     const ModelConfig& c = *a.cfg;
@@ -72,8 +78,10 @@ class WindowAttention final : public AttentionPolicy {
       return;
     }
     static const FocusLayerCache none;
-    const int64_t pairs = cpu::focus_cached_attention(a.q, a.k, a.v, a.out, focus_shape(c, fs_, a.layer, n),
-                                                      a.pos0, a.T, FocusMode::Window, none);
+    const int64_t pairs = cpu::focus_cached_attention(a.q, cache_or_floats(a.cache_k, a.k),
+                                                      cache_or_floats(a.cache_v, a.v), a.out,
+                                                      focus_shape(c, fs_, a.layer, n), a.pos0, a.T, FocusMode::Window,
+                                                      none);
     if (stats) add_causal(stats, a.pos0, a.T, (double)pairs);
   }
 
@@ -88,6 +96,7 @@ class FocusAttention final : public AttentionPolicy {
                  RouterAuxHook hook)
       : fs_(fs), rp_(rp), router_(router), grad_(grad), hook_(std::move(hook)) {}
   std::string name() const override { return fs_.mode == FocusMode::Soft ? "focus-soft" : "focus-hard"; }
+  bool reads_cache_views() const override { return true; }
   bool trains_parameters() const override { return grad_ != nullptr; }
 
   void attend(const AttentionCall& a, std::unique_ptr<AttentionState>& state, AttentionStats* stats) const override {
@@ -117,8 +126,9 @@ class FocusAttention final : public AttentionPolicy {
     const int64_t n = a.pos0 + a.T;
     if (n <= fs_.local_window) return dense_attention().attend(a, state, nullptr);
     if (a.pos0 > 0) {
-      const int64_t pairs = cpu::focus_cached_attention(a.q, a.k, a.v, a.out, focus_shape(c, fs_, a.layer, n),
-                                                        a.pos0, a.T, fs_.mode, fc);
+      const int64_t pairs = cpu::focus_cached_attention(a.q, cache_or_floats(a.cache_k, a.k),
+                                                        cache_or_floats(a.cache_v, a.v), a.out,
+                                                        focus_shape(c, fs_, a.layer, n), a.pos0, a.T, fs_.mode, fc);
       if (stats && !soft) add_causal(stats, a.pos0, a.T, (double)pairs);
       return;
     }

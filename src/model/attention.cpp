@@ -6,6 +6,7 @@
 
 #include "core/error.h"
 #include "kernels/cpu/attention.h"
+#include "kernels/cpu/cached_attention.h"
 #include "kernels/cpu/soft_attention.h"
 
 namespace focus {
@@ -21,13 +22,27 @@ void AttentionPolicy::train_backward(const AttentionCall& /*c*/, AttentionTape& 
 
 namespace {
 
+// Rows up to which a call over a filled cache goes through the decoding kernel (each row's keys
+// split over the threads) instead of the tiled prefill kernel.
+constexpr int64_t kDecodeRows = 4;
+
 class DenseAttention final : public AttentionPolicy {
  public:
   std::string name() const override { return "dense"; }
+  bool reads_cache_views() const override { return true; }
 
   void attend(const AttentionCall& c, std::unique_ptr<AttentionState>& /*state*/,
               AttentionStats* /*stats*/) const override {
-    cpu::flash_attention(c.q, c.k, c.v, c.out, nullptr, layer_attn_shape(*c.cfg, c.layer, c.pos0, c.T));
+    const cpu::AttnShape s = layer_attn_shape(*c.cfg, c.layer, c.pos0, c.T);
+    if (c.pos0 > 0 && c.T <= kDecodeRows) {  // decoding: flash-decoding over the cached keys
+      static const FocusLayerCache none;
+      cpu::focus_cached_attention(c.q, c.cache_k.data ? c.cache_k : cpu::KvView(c.k),
+                                  c.cache_v.data ? c.cache_v : cpu::KvView(c.v), c.out, s, c.pos0, c.T,
+                                  FocusMode::Off, none);
+    } else if (c.cache_k.data)
+      cpu::flash_attention(c.q, c.cache_k, c.cache_v, c.out, nullptr, s);
+    else
+      cpu::flash_attention(c.q, c.k, c.v, c.out, nullptr, s);
   }
 
   void train_forward(const AttentionCall& c, AttentionTape& tape) const override {

@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "kernels/cpu/attn_shape.h"
+#include "kernels/cpu/kv_types.h"
 #include "model/config.h"
 
 namespace focus {
@@ -56,6 +57,10 @@ struct AttentionCall {
   const float* k = nullptr;   // [pos0 + T, kv_dim] keys, the new rows last
   const float* v = nullptr;   // [pos0 + T, kv_dim] values
   float* out = nullptr;       // [T, q_dim]
+  // Inference: the same keys and values as the KV cache holds them (its element type; k and v
+  // above are their float values). A policy whose reads_cache_views() is true reads these when
+  // pos0 > 0, and k and v are then null for a cache of 16-bit elements (no float copy is made).
+  cpu::KvView cache_k, cache_v;
 };
 
 // What a training forward keeps for its backward (per layer).
@@ -86,6 +91,9 @@ class AttentionPolicy {
   virtual void train_backward_input(const AttentionCall& /*c*/, AttentionTape& /*tape*/, float* /*dxn*/) const {}
   // Whether train_backward accumulates gradients of parameters of its own.
   virtual bool trains_parameters() const { return false; }
+  // Whether attend, when pos0 > 0, reads the keys and values through c.cache_k / c.cache_v only.
+  // Otherwise a cache of 16-bit elements is widened into a float copy for each such call.
+  virtual bool reads_cache_views() const { return false; }
 };
 
 // The kernels' shape for layer `layer` of c: T query rows at positions pos0 .. pos0+T-1 against

@@ -76,8 +76,13 @@ void block_run(const Model& m, const AttentionPolicy& policy, const BlockIO& io,
   A.att.resize(T * QD);
   A.h1.resize(T * D);
   A.xn2.resize(T * D);
-  float *k = io.k_rows, *v = io.v_rows;
-  if (train) {
+  // Where the new keys and values are computed: in place in a float cache, else in A.
+  const bool float_cache = !train && io.kv_type == cpu::KvType::F32;
+  float *k, *v;
+  if (float_cache) {
+    k = static_cast<float*>(io.k_cache) + io.pos0 * KD;
+    v = static_cast<float*>(io.v_cache) + io.pos0 * KD;
+  } else {
     A.k.resize(T * KD);
     A.v.resize(T * KD);
     k = A.k.data();
@@ -118,9 +123,32 @@ void block_run(const Model& m, const AttentionPolicy& policy, const BlockIO& io,
     call.T = T;
     call.xn = A.xn1.data();
     call.q = A.q.data();
-    call.k = io.k_all;
-    call.v = io.v_all;
     call.out = A.att.data();
+    call.cache_k = cpu::KvView(io.k_cache, io.kv_type);
+    call.cache_v = cpu::KvView(io.v_cache, io.kv_type);
+    if (float_cache) {
+      call.k = static_cast<const float*>(io.k_cache);
+      call.v = static_cast<const float*>(io.v_cache);
+    } else {
+      // The new rows as the cache will hold them, stored; attention sees only stored values.
+      const int64_t bytes = cpu::kv_type_bytes(io.kv_type);
+      cpu::kv_round(k, T * KD, io.kv_type);
+      cpu::kv_round(v, T * KD, io.kv_type);
+      cpu::kv_store(k, T * KD, io.kv_type, static_cast<char*>(io.k_cache) + io.pos0 * KD * bytes);
+      cpu::kv_store(v, T * KD, io.kv_type, static_cast<char*>(io.v_cache) + io.pos0 * KD * bytes);
+      if (io.pos0 == 0) {  // the new rows are the whole sequence
+        call.k = k;
+        call.v = v;
+      } else if (!policy.reads_cache_views()) {
+        const int64_t n = (io.pos0 + T) * KD;
+        A.k_all.resize(n);
+        A.v_all.resize(n);
+        cpu::kv_load_floats(call.cache_k, n, A.k_all.data());
+        cpu::kv_load_floats(call.cache_v, n, A.v_all.data());
+        call.k = A.k_all.data();
+        call.v = A.v_all.data();
+      }
+    }
     policy.attend(call, *state, stats);
   }
 
@@ -184,7 +212,7 @@ const float* post_norm_backward(const ModelConfig& c, const std::vector<float>& 
 
 void block_forward(const Model& m, const AttentionPolicy& policy, const BlockIO& io, BlockActs& A,
                    std::unique_ptr<AttentionState>& state, AttentionStats* stats) {
-  FOCUS_CHECK(io.k_rows && io.v_rows && io.k_all && io.v_all, "block_forward: no KV cache rows given");
+  FOCUS_CHECK(io.k_cache && io.v_cache, "block_forward: no KV cache rows given");
   block_run(m, policy, io, A, false, nullptr, &state, stats);
 }
 

@@ -39,8 +39,10 @@ class ProjectionAdapter {
 struct BlockActs {
   std::vector<float> xn1;           // attention norm output [T, D]
   std::vector<float> q_pre, k_pre;  // q, k before the QK norms (training only)
-  std::vector<float> q, k, v;       // as attention saw them (k, v: training only; inference
-                                    // writes them into the cache)
+  std::vector<float> q, k, v;       // as attention saw them (k, v: training, and the new rows
+                                    // before a 16-bit cache stores them; a float cache gets
+                                    // them written in place)
+  std::vector<float> k_all, v_all;  // a 16-bit cache widened, for policies that read floats
   std::vector<float> att;           // attention output [T, q_dim]
   AttentionTape tape;               // the policy's own (training)
   std::vector<float> a_pre;         // attention projection before the post-attention norm
@@ -52,17 +54,16 @@ struct BlockActs {
   std::array<std::vector<float>, kProjections> adapter_keep;
 };
 
-// Where one block call reads and writes. Inference: k_rows/v_rows point at row pos0 of the cache
-// and k_all/v_all at its row 0. Training: pos0 = 0 and all four are left null (the block keeps k
-// and v in BlockActs).
+// Where one block call reads and writes. Inference: k_cache/v_cache point at row 0 of the
+// layer's cache, of kv_type elements; the new rows go to row pos0 on. Training: pos0 = 0 and
+// both are left null (the block keeps k and v in BlockActs).
 struct BlockIO {
   int64_t layer = 0, pos0 = 0, T = 0;
   const float* x_in = nullptr;  // [T, D] the residual stream
   float* x_out = nullptr;       // [T, D], may be x_in
-  float* k_rows = nullptr;
-  float* v_rows = nullptr;
-  const float* k_all = nullptr;
-  const float* v_all = nullptr;
+  cpu::KvType kv_type = cpu::KvType::F32;
+  void* k_cache = nullptr;
+  void* v_cache = nullptr;
 };
 
 // x [T, D] = embedding of ids (times the model's embed scale) plus learned positions pos0 ...

@@ -1,4 +1,5 @@
 // The inference forward pass: embeddings, the blocks (block.h) over the KV cache, the final norm.
+#include <algorithm>
 #include <vector>
 
 #include "core/error.h"
@@ -10,14 +11,25 @@
 
 namespace focus {
 
-void KVCache::init(const ModelConfig& c, int64_t cap) {
+void KVCache::init(const ModelConfig& c, int64_t cap, cpu::KvType t) {
   capacity = cap;
   len = 0;
   kv_dim = c.kv_dim();
-  k.assign(c.layers, std::vector<float>(cap * kv_dim));
-  v.assign(c.layers, std::vector<float>(cap * kv_dim));
+  type = t;
+  k.clear(), v.clear(), k16.clear(), v16.clear();
+  if (t == cpu::KvType::F32) {
+    k.assign(c.layers, std::vector<float>(cap * kv_dim));
+    v.assign(c.layers, std::vector<float>(cap * kv_dim));
+  } else {
+    k16.assign(c.layers, std::vector<uint16_t>(cap * kv_dim));
+    v16.assign(c.layers, std::vector<uint16_t>(cap * kv_dim));
+  }
   state.clear();
   state.resize(c.layers);
+}
+
+int64_t KVCache::bytes() const {
+  return 2 * (int64_t)std::max(k.size(), k16.size()) * capacity * kv_dim * cpu::kv_type_bytes(type);
 }
 
 void KVCache::truncate(int64_t n) {
@@ -48,10 +60,9 @@ void forward(const Model& m, const int32_t* ids, int64_t T, KVCache& cache, floa
     io.T = T;
     io.x_in = x;
     io.x_out = x;
-    io.k_rows = cache.k[l].data() + pos0 * c.kv_dim();
-    io.v_rows = cache.v[l].data() + pos0 * c.kv_dim();
-    io.k_all = cache.k[l].data();
-    io.v_all = cache.v[l].data();
+    io.kv_type = cache.type;
+    io.k_cache = cache.k_layer(l);
+    io.v_cache = cache.v_layer(l);
     const AttentionPolicy& policy = plan ? plan->at(l) : dense_attention();
     block_forward(m, policy, io, acts, cache.state[l], stats);
   }

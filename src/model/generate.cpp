@@ -45,7 +45,7 @@ GenerateResult generate(const Model& m, const std::vector<int32_t>& prompt, cons
   const int32_t eos = m.tok ? m.tok->eos() : -1;
 
   KVCache cache;
-  cache.init(m.cfg, cap);
+  cache.init(m.cfg, cap, o.kv_type);
   std::vector<float> hidden(P * dim), logits(vocab);
   std::mt19937_64 rng(o.seed);
   const auto t0 = std::chrono::steady_clock::now();

@@ -17,6 +17,7 @@ struct GenerateOptions {
   uint64_t seed = 1;            // sampling seed (the same seed gives the same tokens)
   bool stop_at_eos = true;      // end after the tokenizer's EOS (which is kept in the output)
   const AttentionPlan* attention = nullptr;  // per-layer attention (e.g. Focus routers), or the model's own
+  cpu::KvType kv_type = cpu::KvType::F32;    // the KV cache's element type
   // Called after each new token with it and the token before it (for a tokenizer's piece);
   // returning false stops generation after this token.
   std::function<bool(int32_t token, int32_t previous)> on_token;

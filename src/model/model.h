@@ -43,11 +43,19 @@ std::string default_model_path(const std::string& name);
 // Keys and values of every layer for positions 0 .. len-1 and, per layer, the state the layer's
 // attention policy keeps about those positions (e.g. their routing, indexed by group, which
 // decoding with Focus reads). The states are the policies' own; the cache only holds them.
+// Keys and values are held as `type` elements (float32, or half / bfloat16 at half the memory and
+// bandwidth); attention always reads the stored values, so prefill and decoding see the same ones.
 struct KVCache {
   int64_t capacity = 0, len = 0, kv_dim = 0;
-  std::vector<std::vector<float>> k, v;                 // per layer [capacity, kv_dim]
+  cpu::KvType type = cpu::KvType::F32;
+  std::vector<std::vector<float>> k, v;                 // float32: per layer [capacity, kv_dim]
+  std::vector<std::vector<uint16_t>> k16, v16;          // half / bfloat16: the same, 16-bit
   std::vector<std::unique_ptr<AttentionState>> state;  // per layer (null until a policy makes one)
-  void init(const ModelConfig& c, int64_t cap);
+  void init(const ModelConfig& c, int64_t cap, cpu::KvType t = cpu::KvType::F32);
+  void* k_layer(int64_t l) { return type == cpu::KvType::F32 ? (void*)k[l].data() : (void*)k16[l].data(); }
+  void* v_layer(int64_t l) { return type == cpu::KvType::F32 ? (void*)v[l].data() : (void*)v16[l].data(); }
+  // Bytes of keys and values held (capacity rows of every layer).
+  int64_t bytes() const;
   // Keeps positions 0 .. n-1 (n <= len), keys, values and states alike.
   void truncate(int64_t n);
   void clear() { truncate(0); }

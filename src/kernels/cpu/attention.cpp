@@ -7,9 +7,11 @@
 #include <cstring>
 #include <limits>
 #include <new>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
+#include "core/error.h"
 #include "kernels/cpu/tile_engine.h"
 
 namespace focus::cpu {
@@ -27,18 +29,21 @@ inline int64_t key_lo(int64_t p, int64_t sliding_window) {
 // v [kBk][hdp]. Slots past the last key and dimensions past head_dim are zero.
 
 // kt[d][c] = k[c * stride + d] for c < cols, d < hd; zero elsewhere. kV x kV blocks at a time.
-void pack_keys(const float* k, int64_t stride, int cols, int64_t hd, int64_t hdp, float* kt) {
+// E: the cached element type (float, Half, BHalf), widened to float here.
+template <class E>
+void pack_keys(const E* k, int64_t stride, int cols, int64_t hd, int64_t hdp, float* kt) {
   for (int c0 = 0; c0 < kBk; c0 += kV) {
     const int nc = std::clamp(cols - c0, 0, kV);
     for (int64_t d0 = 0; d0 < hdp; d0 += kV) {
       const int nd = (int)std::clamp<int64_t>(hd - d0, 0, kV);
       vf r[kV];
       if (nc == kV && nd == kV) {
-        for (int i = 0; i < kV; ++i) r[i] = load(k + (c0 + i) * stride + d0);
+        for (int i = 0; i < kV; ++i) r[i] = kv_load_vec(k + (c0 + i) * stride + d0);
       } else {
         for (int i = 0; i < kV; ++i) {
           r[i] = vf{};
-          if (i < nc) std::memcpy(&r[i], k + (c0 + i) * stride + d0, nd * sizeof(float));
+          if (i < nc)
+            for (int d = 0; d < nd; ++d) r[i][d] = kv_load(k + (c0 + i) * stride + d0 + d);
         }
       }
       transpose(r);
@@ -48,13 +53,15 @@ void pack_keys(const float* k, int64_t stride, int cols, int64_t hd, int64_t hdp
 }
 
 // vt[c][d] = v[c * stride + d] for c < cols, d < hd; zero elsewhere.
-void pack_values(const float* v, int64_t stride, int cols, int64_t hd, int64_t hdp, float* vt) {
+template <class E>
+void pack_values(const E* v, int64_t stride, int cols, int64_t hd, int64_t hdp, float* vt) {
   for (int c = 0; c < kBk; ++c) {
     float* dst = vt + c * hdp;
     int64_t d = 0;
     if (c < cols) {
-      std::memcpy(dst, v + c * stride, hd * sizeof(float));
-      d = hd;
+      const E* src = v + c * stride;
+      for (; d + kV <= hd; d += kV) store(dst + d, kv_load_vec(src + d));
+      for (; d < hd; ++d) dst[d] = kv_load(src + d);
     }
     std::fill(dst + d, dst + hdp, 0.f);
   }
@@ -110,7 +117,8 @@ void run_query_tile(QueryTile* t, int64_t g, const float* q, float* o, float* ls
 // next call (no page faults again); larger ones are freed on return.
 constexpr int64_t kPackBudget = int64_t{4} << 20;
 
-void attention_packed(const float* q, const float* k, const float* v, float* o, float* lse, const AttnShape& s,
+template <class E>
+void attention_packed(const float* q, const E* k, const E* v, float* o, float* lse, const AttnShape& s,
                       int64_t tile0, int64_t n_tiles) {
   const int64_t hd = s.head_dim, hdp = padded_dim(hd), hpk = s.heads / s.kv_heads;
   const int64_t n_qt = (s.n_q + kBq - 1) / kBq, tile_floats = hdp * kBk;
@@ -153,14 +161,15 @@ void attention_packed(const float* q, const float* k, const float* v, float* o, 
 // heads of one kv head) and packs each key tile it visits into its own scratch, once for its g
 // heads; g is the largest divisor of the group size that still leaves two items per thread.
 // Values are read in place when their rows need no padding.
-void attention_streamed(const float* q, const float* k, const float* v, float* o, float* lse, const AttnShape& s) {
+template <class E>
+void attention_streamed(const float* q, const E* k, const E* v, float* o, float* lse, const AttnShape& s) {
   const int64_t hd = s.head_dim, hdp = padded_dim(hd), hpk = s.heads / s.kv_heads;
   const int64_t n_qt = (s.n_q + kBq - 1) / kBq, tile_floats = hdp * kBk;
   const int64_t want = 2 * omp_get_max_threads();
   int64_t g = hpk;
   while (g > 1 && (hpk % g != 0 || n_qt * s.kv_heads * (hpk / g) < want)) --g;
   const int64_t splits = hpk / g, items = n_qt * s.kv_heads * splits;
-  const bool v_in_place = hd == hdp;
+  const bool v_in_place = hd == hdp && std::is_same_v<E, float>;
 #pragma omp parallel
   {
     std::vector<QueryTile> t(g, QueryTile(hdp));
@@ -171,10 +180,11 @@ void attention_streamed(const float* q, const float* k, const float* v, float* o
       auto tile_of = [&](int64_t tt) {
         const int64_t j0 = tt * kBk;
         const int cols = (int)std::min<int64_t>(kBk, s.n_kv - j0);
-        const float* kr = k + j0 * s.kv_stride + kvh * hd;
-        const float* vr = v + j0 * s.kv_stride + kvh * hd;
+        const E* kr = k + j0 * s.kv_stride + kvh * hd;
+        const E* vr = v + j0 * s.kv_stride + kvh * hd;
         pack_keys(kr, s.kv_stride, cols, hd, hdp, kt.data());
-        if (v_in_place) return TileRef{kt.data(), vr, s.kv_stride};
+        if constexpr (std::is_same_v<E, float>)
+          if (v_in_place) return TileRef{kt.data(), vr, s.kv_stride};
         pack_values(vr, s.kv_stride, cols, hd, hdp, vt.data());
         return TileRef{kt.data(), vt.data(), hdp};
       };
@@ -186,15 +196,23 @@ void attention_streamed(const float* q, const float* k, const float* v, float* o
 }  // namespace
 
 void flash_attention(const float* q, const float* k, const float* v, float* o, float* lse, const AttnShape& s) {
+  flash_attention(q, KvView(k), KvView(v), o, lse, s);
+}
+
+void flash_attention(const float* q, KvView k, KvView v, float* o, float* lse, const AttnShape& s) {
   if (s.n_q <= 0) return;
+  FOCUS_CHECK(k.type == v.type, "flash_attention: keys and values of different types");
   // Key tiles any row sees: from the first row's first key to the last row's last key.
   const int64_t j_first = key_lo(s.q_pos0, s.sliding_window), j_last = std::min(s.q_pos0 + s.n_q - 1, s.n_kv - 1);
   const int64_t tile0 = j_first / kBk, n_tiles = j_first <= j_last ? j_last / kBk - tile0 + 1 : 0;
   // Both paths give the same bits; packing once pays off from a few query tiles on.
-  if (s.n_q > kBq && n_tiles > 0)
-    attention_packed(q, k, v, o, lse, s, tile0, n_tiles);
-  else
-    attention_streamed(q, k, v, o, lse, s);
+  with_kv_type(k.type, [&](auto tag) {
+    using E = decltype(tag);
+    if (s.n_q > kBq && n_tiles > 0)
+      attention_packed(q, k.as<E>(), v.as<E>(), o, lse, s, tile0, n_tiles);
+    else
+      attention_streamed(q, k.as<E>(), v.as<E>(), o, lse, s);
+  });
 }
 
 void attention_reference(const float* q, const float* k, const float* v, float* o, float* lse, const AttnShape& s) {

@@ -13,6 +13,7 @@
 #include "io/ggml_types.h"
 #include "kernels/cpu/attention.h"
 #include "kernels/cpu/cached_attention.h"
+#include "kernels/cpu/grouped_attention.h"
 #include "kernels/cpu/kv_types.h"
 #include "model/model.h"
 #include "test_util.h"
@@ -133,12 +134,10 @@ TEST(KvTypes, DecodingKernelMatchesTheReference) {
       for (int64_t n_q : {1, 3}) {
         const Attn a = make_attn(n_q, c.n_kv, c.heads, c.kv_heads, c.hd, c.window, t, (uint32_t)(c.hd * 31 + c.n_kv));
         std::vector<float> o1(a.q.size()), o2(a.q.size());
-        static const FocusLayerCache none;
         const KvView kk = t == KvType::F32 ? KvView(a.k.data()) : KvView(a.k16.data(), t);
         const KvView vv = t == KvType::F32 ? KvView(a.v.data()) : KvView(a.v16.data(), t);
-        AttnShape s = a.s;
-        cpu::focus_cached_attention(a.q.data(), kk, vv, o1.data(), s, s.q_pos0, n_q, FocusMode::Off, none);
-        cpu::attention_reference(a.q.data(), a.k.data(), a.v.data(), o2.data(), nullptr, s);
+        cpu::decode_attention(a.q.data(), kk, vv, o1.data(), a.s);
+        cpu::attention_reference(a.q.data(), a.k.data(), a.v.data(), o2.data(), nullptr, a.s);
         double err = 0;
         for (size_t i = 0; i < o1.size(); ++i) err = std::max(err, (double)std::fabs(o1[i] - o2[i]));
         EXPECT_LT(err, 2e-5) << "heads " << c.heads << "/" << c.kv_heads << " hd " << c.hd << " n_kv " << c.n_kv
@@ -203,4 +202,37 @@ TEST(KvTypes, Stories260KPrefillEqualsDecodeOnEveryCacheType) {
       EXPECT_GT(diff, 0.0) << "a 16-bit cache must round something";
     }
   }
+}
+
+// The grouped (asymmetric) kernel's decoding path on a 16-bit cache: the float kernel on the
+// widened values, bit for bit, with query heads of a kv head that read the same groups (one unit)
+// and that read different ones (a unit per head).
+TEST(KvTypes, GroupedDecodingOnA16BitCacheIsTheFloatKernelOnItsValues) {
+  const int64_t n_kv = 700, heads = 6, kv_heads = 2, G = 8, kq = 2;
+  for (KvType t : {KvType::F16, KvType::BF16})
+    for (bool same_groups : {true, false}) {
+      Attn a = make_attn(1, n_kv, heads, kv_heads, 64, 0, t, 5);
+      a.s.local_window = 64;
+      a.s.sinks = 1;
+      std::mt19937 rng(3);
+      std::vector<int32_t> key_group(kv_heads * n_kv), qg(heads * kq);
+      for (auto& g : key_group) g = (int32_t)(rng() % G);
+      for (int64_t h = 0; h < heads; ++h)
+        for (int64_t c = 0; c < kq; ++c)
+          qg[h * kq + c] = same_groups ? (int32_t)((h / 3) * 2 + c) : (int32_t)((h + 3 * c) % G);
+      cpu::GroupedRouting r{G, kv_heads, key_group.data(), (int)kq, qg.data()};
+      cpu::GroupedKeyIndex idx;
+      idx.build(r, n_kv);
+      std::vector<float> o1(a.q.size()), o2(a.q.size()), l1(heads), l2(heads);
+      cpu::grouped_attention(a.q.data(), KvView(a.k16.data(), t), KvView(a.v16.data(), t), o1.data(), l1.data(), a.s,
+                             r, idx);
+      cpu::grouped_attention(a.q.data(), a.k.data(), a.v.data(), o2.data(), l2.data(), a.s, r, idx);
+      ASSERT_EQ(std::memcmp(o1.data(), o2.data(), o1.size() * 4), 0) << cpu::to_string(t) << " " << same_groups;
+      ASSERT_EQ(std::memcmp(l1.data(), l2.data(), l1.size() * 4), 0) << cpu::to_string(t) << " " << same_groups;
+      std::vector<float> o3(a.q.size()), l3(heads);
+      cpu::grouped_attention_reference(a.q.data(), a.k.data(), a.v.data(), o3.data(), l3.data(), a.s, r);
+      double err = 0;
+      for (size_t i = 0; i < o1.size(); ++i) err = std::max(err, (double)std::fabs(o1[i] - o3[i]));
+      EXPECT_LT(err, 2e-5) << cpu::to_string(t) << " " << same_groups;
+    }
 }

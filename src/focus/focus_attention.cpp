@@ -216,6 +216,7 @@ class AsymmetricFocusAttention final : public AttentionPolicy {
   AsymmetricFocusAttention(const FocusSettings& fs, const RouterParams* rp, int64_t route_heads)
       : fs_(fs), rp_(rp), rh_(route_heads) {}
   std::string name() const override { return "focus-asymmetric"; }
+  bool reads_cache_views() const override { return true; }
 
   void attend(const AttentionCall& a, std::unique_ptr<AttentionState>& state, AttentionStats* stats) const override {
     FOCUS_CHECK(fs_.mode == FocusMode::Hard, "asymmetric routers run in hard or window mode (they train by "
@@ -282,7 +283,11 @@ class AsymmetricFocusAttention final : public AttentionPolicy {
     s.sinks = fs_.sinks;
     // The kernel reads the keys' groups from the index; only the pair count needs them flat.
     cpu::GroupedRouting routing{G, RH, nullptr, k, qg.data()};
-    cpu::grouped_attention(a.q, a.k, a.v, a.out, nullptr, s, routing, ks->index);
+    if (a.pos0 > 0)
+      cpu::grouped_attention(a.q, cache_or_floats(a.cache_k, a.k), cache_or_floats(a.cache_v, a.v), a.out, nullptr, s,
+                             routing, ks->index);
+    else
+      cpu::grouped_attention(a.q, a.k, a.v, a.out, nullptr, s, routing, ks->index);
     if (!stats) return;
     std::vector<int32_t> all_keys(RH * n);  // [RH, n]
     for (int64_t r = 0; r < RH; ++r)
@@ -346,7 +351,7 @@ const float* router_input(const AttentionCall& a, const FocusSettings& fs, int64
   const bool key = side == RouterSide::Key;
   const int64_t per = (key ? c.kv_heads : c.heads) / route_heads;  // heads averaged
   const int64_t stride = key ? c.kv_dim() : c.q_dim();
-  const float* base = key ? a.k + a.pos0 * stride : a.q;
+  const float* base = key ? (a.k_new ? a.k_new : a.k + a.pos0 * stride) : a.q;
   buf.assign(T * Dh, 0.f);
   const float inv = 1.f / (float)per;
   for (int64_t t = 0; t < T; ++t) {

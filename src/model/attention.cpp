@@ -6,7 +6,6 @@
 
 #include "core/error.h"
 #include "kernels/cpu/attention.h"
-#include "kernels/cpu/cached_attention.h"
 #include "kernels/cpu/soft_attention.h"
 
 namespace focus {
@@ -34,12 +33,10 @@ class DenseAttention final : public AttentionPolicy {
   void attend(const AttentionCall& c, std::unique_ptr<AttentionState>& /*state*/,
               AttentionStats* /*stats*/) const override {
     const cpu::AttnShape s = layer_attn_shape(*c.cfg, c.layer, c.pos0, c.T);
-    if (c.pos0 > 0 && c.T <= kDecodeRows) {  // decoding: flash-decoding over the cached keys
-      static const FocusLayerCache none;
-      cpu::focus_cached_attention(c.q, c.cache_k.data ? c.cache_k : cpu::KvView(c.k),
-                                  c.cache_v.data ? c.cache_v : cpu::KvView(c.v), c.out, s, c.pos0, c.T,
-                                  FocusMode::Off, none);
-    } else if (c.cache_k.data)
+    if (c.pos0 > 0 && c.T <= kDecodeRows)  // decoding: flash-decoding over the cached keys
+      cpu::decode_attention(c.q, c.cache_k.data ? c.cache_k : cpu::KvView(c.k),
+                            c.cache_v.data ? c.cache_v : cpu::KvView(c.v), c.out, s);
+    else if (c.cache_k.data)
       cpu::flash_attention(c.q, c.cache_k, c.cache_v, c.out, nullptr, s);
     else
       cpu::flash_attention(c.q, c.k, c.v, c.out, nullptr, s);

@@ -61,6 +61,7 @@ struct AttentionCall {
   // above are their float values). A policy whose reads_cache_views() is true reads these when
   // pos0 > 0, and k and v are then null for a cache of 16-bit elements (no float copy is made).
   cpu::KvView cache_k, cache_v;
+  const float* k_new = nullptr;  // [T, kv_dim] the new rows' keys as floats (null: k + pos0 rows)
 };
 
 // What a training forward keeps for its backward (per layer).

@@ -124,6 +124,7 @@ void block_run(const Model& m, const AttentionPolicy& policy, const BlockIO& io,
     call.xn = A.xn1.data();
     call.q = A.q.data();
     call.out = A.att.data();
+    call.k_new = k;  // the new keys (rounded to the cache's type below when it is 16-bit)
     call.cache_k = cpu::KvView(io.k_cache, io.kv_type);
     call.cache_v = cpu::KvView(io.v_cache, io.kv_type);
     if (float_cache) {

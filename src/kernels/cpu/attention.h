@@ -18,6 +18,12 @@ void flash_attention(const float* q, const float* k, const float* v, float* o, f
 // the widened values, whatever the type.
 void flash_attention(const float* q, KvView k, KvView v, float* o, float* lse, const AttnShape& s);
 
+// The same rows for decoding (a few rows over a long cache): every row's visible keys are cut
+// into fixed slices of 256, the (slice, kv head) pieces spread over the threads (flash-decoding)
+// and merged in slice order, so the result does not depend on the thread count. Equal to
+// flash_attention up to summation order. Uses the fields flash_attention uses.
+void decode_attention(const float* q, KvView k, KvView v, float* o, const AttnShape& s);
+
 // The obviously-correct version (full score row per query), for tests.
 void attention_reference(const float* q, const float* k, const float* v, float* o, float* lse, const AttnShape& s);
 

@@ -6,6 +6,8 @@
 #include <omp.h>
 
 #include "core/error.h"
+#include "kernels/cpu/attention.h"
+#include "kernels/cpu/decode_slices.h"
 #include "kernels/cpu/simd.h"
 #include "kernels/cpu/tile_engine.h"
 
@@ -15,18 +17,6 @@ namespace {
 
 using namespace simd;
 
-template <class E>
-float dot(const float* a, const E* b, int64_t d) {
-  int64_t x = 0;
-  float s = 0.f;
-  if (d >= kV) {
-    vf acc{};
-    for (; x + kV <= d; x += kV) acc = vfma(load(a + x), kv_load_vec(b + x), acc);
-    s = hsum(acc);
-  }
-  for (; x < d; ++x) s += a[x] * kv_load(b + x);
-  return s;
-}
 
 // What row i (absolute position) reads: ascending key positions and, in soft mode, their biases.
 struct RowKeys {
@@ -84,141 +74,17 @@ void row_keys(int64_t i, const AttnShape& s, FocusMode mode, const FocusLayerCac
   for (int64_t j = lo; j <= i; ++j) idx.push_back((int32_t)j);
 }
 
-// Partial softmax states (tiles::Partial: m, l, then head_dim unnormalised output floats, kPart
-// floats per head) of the query heads of kv head kvh over slice c of the row's key list: every
-// key and value row of the slice is loaded once for all the query heads that share it. sc holds
+// Partial softmax states of the query heads of kv head kvh over slice c of the row's key list
+// (decode_slices.h: every key and value row loaded once for all those heads). sc holds
 // heads / kv_heads * kSlice floats.
-constexpr int64_t kSlice = 256;
-static_assert(kSlice % kV == 0, "a slice's scores are whole vectors");
-
-// Any head_dim: one dot product per (key, head), the exponentials one by one.
-template <class E>
-void slice_partials_generic(const float* q, const E* k, const E* v, const AttnShape& s, const RowKeys& rk,
-                            int64_t c, int64_t kvh, float* sc, float* parts, int64_t part) {
-  const int64_t n = (int64_t)rk.idx.size(), D = s.head_dim, per_kv = s.heads / s.kv_heads;
-  const int64_t m0 = c * kSlice, len = std::min(kSlice, n - m0);
-  const int32_t* idx = rk.idx.data() + m0;
-  const float* qh = q + kvh * per_kv * D;
-  const bool vec = D % kV == 0;
-  for (int64_t m = 0; m < len; ++m) {
-    if (m + 4 < len) __builtin_prefetch(k + (int64_t)idx[m + 4] * s.kv_stride + kvh * D);
-    const E* kr = k + (int64_t)idx[m] * s.kv_stride + kvh * D;
-    const float b = rk.bias.empty() ? 0.f : rk.bias[m0 + m];
-    for (int64_t hh = 0; hh < per_kv; ++hh) sc[hh * kSlice + m] = dot(qh + hh * D, kr, D) * s.scale + b;
-  }
-  for (int64_t hh = 0; hh < per_kv; ++hh) {
-    float* w = sc + hh * kSlice;
-    float mx = -std::numeric_limits<float>::infinity(), sum = 0.f;
-    for (int64_t m = 0; m < len; ++m) mx = std::max(mx, w[m]);
-    for (int64_t m = 0; m < len; ++m) sum += (w[m] = std::exp(w[m] - mx));
-    float* pr = parts + (c * s.heads + kvh * per_kv + hh) * part;
-    pr[0] = mx;
-    pr[1] = sum;
-    std::fill(pr + 2, pr + part, 0.f);
-  }
-  for (int64_t m = 0; m < len; ++m) {
-    if (m + 4 < len) __builtin_prefetch(v + (int64_t)idx[m + 4] * s.kv_stride + kvh * D);
-    const E* vr = v + (int64_t)idx[m] * s.kv_stride + kvh * D;
-    for (int64_t hh = 0; hh < per_kv; ++hh) {
-      float* acc = parts + (c * s.heads + kvh * per_kv + hh) * part + 2;
-      const float w = sc[hh * kSlice + m];
-      int64_t x = 0;
-      if (vec) {
-        const vf wv = bcast(w);
-        for (; x < D; x += kV) store(acc + x, vfma(wv, kv_load_vec(vr + x), load(acc + x)));
-      }
-      for (; x < D; ++x) acc[x] += w * kv_load(vr + x);
-    }
-  }
-}
-
-// head_dim = NV vectors: a key row is widened once into registers for all the heads that read
-// it, the exponentials of a head's slice are taken a vector at a time, and the values are summed
-// into register accumulators, up to four heads and a few vectors of the row per pass.
-template <class E, int NV>
-void slice_partials_vec(const float* q, const E* k, const E* v, const AttnShape& s, const RowKeys& rk, int64_t c,
-                        int64_t kvh, float* sc, float* parts, int64_t part) {
-  constexpr int64_t D = NV * kV;
-  const int64_t n = (int64_t)rk.idx.size(), per_kv = s.heads / s.kv_heads;
-  const int64_t m0 = c * kSlice, len = std::min(kSlice, n - m0), lv = round_up(len);
-  const int32_t* idx = rk.idx.data() + m0;
-  const float* bias = rk.bias.empty() ? nullptr : rk.bias.data() + m0;
-  const float* qh = q + kvh * per_kv * D;
-  const E* kb = k + kvh * D;
-  const E* vb = v + kvh * D;
-  for (int64_t m = 0; m < len; ++m) {
-    if (m + 4 < len) __builtin_prefetch(kb + (int64_t)idx[m + 4] * s.kv_stride);
-    const E* kr = kb + (int64_t)idx[m] * s.kv_stride;
-    vf kr_v[NV];
-    for (int x = 0; x < NV; ++x) kr_v[x] = kv_load_vec(kr + x * kV);
-    const float b = bias ? bias[m] : 0.f;
-    for (int64_t hh = 0; hh < per_kv; ++hh) {
-      const float* qr = qh + hh * D;
-      vf acc = load(qr) * kr_v[0];
-      for (int x = 1; x < NV; ++x) acc = vfma(load(qr + x * kV), kr_v[x], acc);
-      sc[hh * kSlice + m] = hsum(acc) * s.scale + b;
-    }
-  }
-  const float ninf = -std::numeric_limits<float>::infinity();
-  for (int64_t hh = 0; hh < per_kv; ++hh) {
-    float* w = sc + hh * kSlice;
-    for (int64_t m = len; m < lv; ++m) w[m] = ninf;  // padding: weight exactly 0
-    vf vm = bcast(ninf);
-    for (int64_t m = 0; m < lv; m += kV) vm = vmax(vm, load(w + m));
-    const float mx = hmax(vm);
-    vf vs{};
-    if (mx != ninf) {
-      const vf vmx = bcast(mx);
-      for (int64_t m = 0; m < lv; m += kV) {
-        const vf e = vexp(load(w + m) - vmx);
-        store(w + m, e);
-        vs += e;
-      }
-    } else {
-      std::fill(w, w + lv, 0.f);
-    }
-    float* pr = parts + (c * s.heads + kvh * per_kv + hh) * part;
-    pr[0] = mx;
-    pr[1] = hsum(vs);
-  }
-  for (int64_t h0 = 0; h0 < per_kv; h0 += 4) {
-    with_count<4>((int)std::min<int64_t>(4, per_kv - h0), [&]<int NH>() {
-      for_chunks<16 / NH>(NV, [&]<int XC>(int x0) {
-        vf acc[NH][XC] = {};
-        for (int64_t m = 0; m < len; ++m) {
-          if (m + 4 < len) __builtin_prefetch(vb + (int64_t)idx[m + 4] * s.kv_stride + x0 * kV);
-          const E* vr = vb + (int64_t)idx[m] * s.kv_stride + x0 * kV;
-          vf vv[XC];
-          for (int x = 0; x < XC; ++x) vv[x] = kv_load_vec(vr + x * kV);
-          for (int hh = 0; hh < NH; ++hh) {
-            const vf wv = bcast(sc[(h0 + hh) * kSlice + m]);
-            for (int x = 0; x < XC; ++x) acc[hh][x] = vfma(wv, vv[x], acc[hh][x]);
-          }
-        }
-        for (int hh = 0; hh < NH; ++hh) {
-          float* o = parts + (c * s.heads + kvh * per_kv + h0 + hh) * part + 2 + x0 * kV;
-          for (int x = 0; x < XC; ++x) store(o + x * kV, acc[hh][x]);
-        }
-      });
-    });
-  }
-}
-
 template <class E>
 void slice_partials(const float* q, const E* k, const E* v, const AttnShape& s, const RowKeys& rk, int64_t c,
                     int64_t kvh, float* sc, float* parts, int64_t part) {
-  const int64_t nv = s.head_dim % kV == 0 ? s.head_dim / kV : 0;
-  bool done = false;
-  auto vec = [&]<int NV>() {
-    if (nv != NV) return;
-    slice_partials_vec<E, NV>(q, k, v, s, rk, c, kvh, sc, parts, part);
-    done = true;
-  };
-  // The head sizes of real models (32 .. 256 dimensions).
-  vec.template operator()<2>(), vec.template operator()<4>(), vec.template operator()<5>();
-  vec.template operator()<6>(), vec.template operator()<8>(), vec.template operator()<16>();
-  if constexpr (kV < 16) vec.template operator()<32>();
-  if (!done) slice_partials_generic(q, k, v, s, rk, c, kvh, sc, parts, part);
+  const int64_t n = (int64_t)rk.idx.size(), D = s.head_dim, per_kv = s.heads / s.kv_heads;
+  const int64_t m0 = c * kSlice, len = std::min(kSlice, n - m0);
+  heads_slice_partials(q + kvh * per_kv * D, per_kv, k + kvh * D, v + kvh * D, s.kv_stride, rk.idx.data() + m0,
+                       rk.bias.empty() ? nullptr : rk.bias.data() + m0, len, D, s.scale, sc,
+                       parts + (c * s.heads + kvh * per_kv) * part, part);
 }
 
 // Output row (all heads) from the partials of every slice, merged in slice order by the tile
@@ -293,6 +159,11 @@ int64_t cached_rows(const float* q, const E* k, const E* v, float* o, const Attn
 }
 
 }  // namespace
+
+void decode_attention(const float* q, KvView k, KvView v, float* o, const AttnShape& s) {
+  static const FocusLayerCache none;  // FocusMode::Off reads no routing
+  if (s.n_q > 0) focus_cached_attention(q, k, v, o, s, s.q_pos0, s.n_q, FocusMode::Off, none);
+}
 
 int64_t focus_cached_attention(const float* q, const float* k, const float* v, float* o, const AttnShape& s,
                                int64_t pos0, int64_t t, FocusMode mode, const FocusLayerCache& fc) {

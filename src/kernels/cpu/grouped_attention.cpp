@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "kernels/cpu/decode_slices.h"
 #include "kernels/cpu/simd.h"
 #include "kernels/cpu/sparse_attention.h"
 #include "kernels/cpu/tile_engine.h"
@@ -336,8 +337,7 @@ void tiled_attention(const float* q, const float* k, const float* v, float* o, f
 // Chunks and decoding: each (row, head) gathers its visible keys (sinks, the members of its groups
 // beyond the window, the window) and cuts them into slices of kSlice keys; each slice's partial
 // state (m, l, then head_dim unnormalised output floats) is merged in slice order.
-constexpr int64_t kSlice = 256;
-// Up to this many (row, head) pairs (decoding, small chunks), every (row, head, slice) is a task
+// (kSlice: decode_slices.h.) Up to this many (row, head) pairs (decoding, small chunks), every (row, head, slice) is a task
 // and the group part is gathered too: too few rows to fill a query tile.
 constexpr int64_t kFewPairs = 64;
 
@@ -393,6 +393,72 @@ float merge_slices(const float* parts, int64_t slices, int64_t hd, float* out) {
   });
 }
 
+// Few (row, head) pairs (decoding), keys and values of element type E: the query heads of a kv
+// head that read the same keys (the same routing head and group slots: always so with one
+// router per layer or per kv head) form one unit, computed together so that each key and value
+// row is loaded once for them; otherwise each (row, head) is its own unit. Every (unit, slice) is
+// a task, so one long row fills the threads; the slices are merged in order per head.
+template <class E>
+void gathered_decode(const float* q, const E* k, const E* v, float* o, float* lse, const AttnShape& s,
+                     const GroupedRouting& r, const GroupedKeyIndex& idx, bool with_groups) {
+  const int64_t hd = s.head_dim, hpk = s.heads / s.kv_heads, part = hd + 2;
+  struct Unit {
+    int64_t t, h0, nh;
+  };
+  std::vector<Unit> units;
+  for (int64_t t = 0; t < s.n_q; ++t)
+    for (int64_t kvh = 0; kvh < s.kv_heads; ++kvh) {
+      const int64_t h0 = kvh * hpk;
+      bool same = true;
+      for (int64_t hh = 1; with_groups && same && hh < hpk; ++hh) {
+        const int32_t* g0 = r.query_groups + (t * s.heads + h0) * r.kq;
+        const int32_t* g1 = r.query_groups + (t * s.heads + h0 + hh) * r.kq;
+        same = route_of(s, r, h0 + hh) == route_of(s, r, h0) && std::equal(g0, g0 + r.kq, g1);
+      }
+      if (same)
+        units.push_back({t, h0, hpk});
+      else
+        for (int64_t hh = 0; hh < hpk; ++hh) units.push_back({t, h0 + hh, 1});
+    }
+  const int64_t U = (int64_t)units.size();
+  std::vector<std::vector<int32_t>> keys(U);
+  std::vector<int64_t> first(U + 1, 0), part_off(U + 1, 0);
+  for (int64_t u = 0; u < U; ++u) {
+    row_keys(s, r, idx, units[u].t, units[u].h0, with_groups, keys[u]);
+    const int64_t slices = ((int64_t)keys[u].size() + kSlice - 1) / kSlice;
+    first[u + 1] = first[u] + slices;
+    part_off[u + 1] = part_off[u] + slices * units[u].nh * part;
+  }
+  std::vector<float> parts(part_off[U]);
+  const int64_t tasks = first[U];
+#pragma omp parallel if (tasks > 1 && tasks * kSlice * hd > 32768)
+  {
+    std::vector<float> sc(hpk * kSlice);
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t task = 0; task < tasks; ++task) {
+      const int64_t u = std::upper_bound(first.begin(), first.end(), task) - first.begin() - 1;
+      const Unit& un = units[u];
+      const int64_t c = task - first[u], m0 = c * kSlice;
+      const int64_t len = std::min<int64_t>(kSlice, (int64_t)keys[u].size() - m0), kvh = un.h0 / hpk;
+      heads_slice_partials(q + un.t * s.q_stride + un.h0 * hd, un.nh, k + kvh * hd, v + kvh * hd, s.kv_stride,
+                           keys[u].data() + m0, nullptr, len, hd, s.scale, sc.data(),
+                           parts.data() + part_off[u] + c * un.nh * part, part);
+    }
+  }
+  for (int64_t u = 0; u < U; ++u) {
+    const Unit& un = units[u];
+    const int64_t slices = first[u + 1] - first[u];
+    for (int64_t hh = 0; hh < un.nh; ++hh) {
+      const int64_t h = un.h0 + hh;
+      const float l = merge_partials(slices, hd, o + un.t * s.o_stride + h * hd, [&](int64_t c) {
+        const float* pr = parts.data() + part_off[u] + (c * un.nh + hh) * part;
+        return Partial{pr[0], pr[1], pr + 2};
+      });
+      if (lse) lse[h * s.n_q + un.t] = l;
+    }
+  }
+}
+
 // With with_groups false, the window and sinks part alone.
 void gathered_attention(const float* q, const float* k, const float* v, float* o, float* lse, const AttnShape& s,
                         const GroupedRouting& r, const GroupedKeyIndex& idx, bool with_groups) {
@@ -400,31 +466,7 @@ void gathered_attention(const float* q, const float* k, const float* v, float* o
   auto qrow = [&](int64_t t, int64_t h) { return q + t * s.q_stride + h * hd; };
   auto orow = [&](int64_t t, int64_t h) { return o + t * s.o_stride + h * hd; };
   if (s.n_q * s.heads <= kFewPairs) {
-    // Few rows (decoding): every (row, head, slice) is a task, so one long row fills the threads.
-    const int64_t pairs = s.n_q * s.heads;
-    std::vector<std::vector<int32_t>> keys(pairs);
-    std::vector<int64_t> first(pairs + 1, 0);
-    for (int64_t x = 0; x < pairs; ++x) {
-      row_keys(s, r, idx, x / s.heads, x % s.heads, with_groups, keys[x]);
-      first[x + 1] = first[x] + ((int64_t)keys[x].size() + kSlice - 1) / kSlice;
-    }
-    std::vector<float> parts(first[pairs] * part);
-#pragma omp parallel if (first[pairs] > 1 && first[pairs] * kSlice * hd > 32768)
-    {
-      std::vector<float> sc(kSlice);
-#pragma omp for schedule(dynamic, 1)
-      for (int64_t task = 0; task < first[pairs]; ++task) {
-        const int64_t x = std::upper_bound(first.begin(), first.end(), task) - first.begin() - 1;
-        const int64_t c = task - first[x], t = x / s.heads, h = x % s.heads;
-        const int64_t m0 = c * kSlice, len = std::min<int64_t>(kSlice, (int64_t)keys[x].size() - m0);
-        slice_partial(qrow(t, h), k, v, s, h / hpk, keys[x].data() + m0, len, sc.data(), parts.data() + task * part);
-      }
-    }
-    for (int64_t x = 0; x < pairs; ++x) {
-      const int64_t t = x / s.heads, h = x % s.heads;
-      const float l = merge_slices(parts.data() + first[x] * part, first[x + 1] - first[x], hd, orow(t, h));
-      if (lse) lse[h * s.n_q + t] = l;
-    }
+    gathered_decode(q, k, v, o, lse, s, r, idx, with_groups);
     return;
   }
 #pragma omp parallel
@@ -551,6 +593,32 @@ void grouped_attention(const float* q, const float* k, const float* v, float* o,
     gathered_attention(q, k, v, o, lse, s, r, idx, /*with_groups=*/true);
   else
     tiled_attention(q, k, v, o, lse, s, r, idx);
+}
+
+void grouped_attention(const float* q, KvView k, KvView v, float* o, float* lse, const AttnShape& s,
+                       const GroupedRouting& r, const GroupedKeyIndex& idx) {
+  FOCUS_CHECK(k.type == v.type, "grouped attention: keys and values of different types");
+  if (k.type == KvType::F32)
+    return grouped_attention(q, k.as<float>(), v.as<float>(), o, lse, s, r, idx);
+  if (s.n_q * s.heads <= kFewPairs && s.n_q > 0) {  // decoding: read the cache as it is
+    check_shape(s);
+    check_routing(s, r);
+    FOCUS_CHECK(idx.n_groups == r.n_groups && idx.route_heads == r.route_heads && idx.n_keys >= s.n_kv,
+                "grouped attention: the key index does not match the routing or holds too few keys");
+    with_kv_type(k.type, [&](auto tag) {
+      using E = decltype(tag);
+      gathered_decode(q, k.as<E>(), v.as<E>(), o, lse, s, r, idx, /*with_groups=*/true);
+    });
+    return;
+  }
+  // Many rows over a 16-bit cache (chunked prefill): the tiled kernel on its float values.
+  static thread_local std::vector<float> kf, vf;
+  const int64_t n = s.n_kv * s.kv_stride;
+  kf.resize(n);
+  vf.resize(n);
+  kv_load_floats(k, n, kf.data());
+  kv_load_floats(v, n, vf.data());
+  grouped_attention(q, kf.data(), vf.data(), o, lse, s, r, idx);
 }
 
 int64_t grouped_pair_count(const AttnShape& s, const GroupedRouting& r) {

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "kernels/cpu/attn_shape.h"
+#include "kernels/cpu/kv_types.h"
 
 namespace focus::cpu {
 
@@ -83,6 +84,11 @@ void grouped_attention_reference(const float* q, const float* k, const float* v,
 // count. Throws focus::Error on a bad shape, a query group id outside [-1, G) or listed twice in
 // one slot list, or an index that does not match the routing.
 void grouped_attention(const float* q, const float* k, const float* v, float* o, float* lse, const AttnShape& s,
+                       const GroupedRouting& routing, const GroupedKeyIndex& idx);
+
+// The same over a KV cache of any element type (kv_stride in elements): decoding reads the
+// cached elements directly; more rows run the float kernel on the widened values.
+void grouped_attention(const float* q, KvView k, KvView v, float* o, float* lse, const AttnShape& s,
                        const GroupedRouting& routing, const GroupedKeyIndex& idx);
 
 // Exact visible (row, key) pairs summed over the query heads (density = count / (heads * causal

@@ -146,7 +146,8 @@ def main():
         if name == "smollm2" and a.long_depth > 0 and not a.quick and (routers / "focus.json").exists():
             d, w = a.long_depth, a.weights.split(",")[0]
             largs = ["--prefill", "0", "--depth", str(d), "--gen", str(a.gen)]
-            ld = {"depth": d, "routers": str(routers)}
+            shown = routers.resolve()
+            ld = {"depth": d, "routers": str(shown.relative_to(ROOT) if ROOT in shown.parents else shown)}
             lb = llama_bench(bindir, path, threads, ["-p", "0", "-n", str(a.gen), "-d", str(d)], reps)
             ld["llama.cpp"] = list(lb.values())[0]
             fo, _ = focus_bench(focus, name, threads, w, largs, reps)

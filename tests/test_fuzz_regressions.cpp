@@ -11,12 +11,14 @@
 #include <vector>
 
 #include "core/error.h"
+#include "eval/tasks.h"
 #include "focus/focus_model.h"
 #include "io/tokenizer.h"
 #include "model/model.h"
 #include "test_gguf_builder.h"
 #include "train/lora.h"
 #include "train/trainer.h"
+#include "../fuzz/fuzz_model_config.h"
 
 namespace fs = std::filesystem;
 using namespace focus;
@@ -46,21 +48,8 @@ std::string error_of(Fn&& fn) {
   return "";
 }
 
-ModelConfig tiny_llama_config() {
-  ModelConfig c;
-  c.arch = Arch::Llama;
-  c.vocab = 50;
-  c.dim = 32;
-  c.layers = 3;
-  c.heads = 4;
-  c.kv_heads = 2;
-  c.head_dim = 8;
-  c.ffn = 48;
-  c.max_ctx = 64;
-  c.rope_dim = 8;
-  c.layer_sliding_window = {0, 0, 0};
-  return c;
-}
+// The fuzzers' tiny Llama (fuzz/fuzz_model_config.h).
+ModelConfig tiny_llama_config() { return fuzz::tiny_config(false); }
 
 LoadOptions no_tokenizer() {
   LoadOptions o;
@@ -222,4 +211,16 @@ TEST(FuzzRegressions, FolderConfigsWithFloatIntegers) {
     "model_dim": 32, "model_layers": 3, "layers": [1e300]})");
   msg = error_of([&] { load_lora(l, c); });
   EXPECT_NE(msg.find("'layers' must be an integer"), std::string::npos) << msg;
+}
+
+// fuzz_tasks: a TruthfulQA file with a number beyond double's range made the JSON parser throw
+// its out_of_range error, which the loader did not turn into a clear error.
+TEST(FuzzRegressions, TruthfulQaNumberOverflowIsAClearError) {
+  const std::string p = scratch("tqa_overflow") + "/mc_task.json";
+  write(p, "[8e8888888888\x01{\"quhh :\xa0\"W\"");
+  for (int which : {1, 2}) {
+    const std::string msg = error_of([&] { load_truthfulqa_mc(p, which); });
+    EXPECT_NE(msg.find(p), std::string::npos) << msg;
+    EXPECT_NE(msg.find("malformed JSON"), std::string::npos) << msg;
+  }
 }

@@ -181,6 +181,8 @@ TaskSet load_truthfulqa_mc(const std::string& path, int which) {
     const size_t at = std::min<size_t>(e.byte > 0 ? e.byte - 1 : 0, text.size());
     const int64_t ln = 1 + std::count(text.begin(), text.begin() + at, '\n');
     fail(path, ":", ln, ": malformed JSON (", e.what(), ")");
+  } catch (const nlohmann::ordered_json::exception& e) {  // e.g. a number beyond double's range
+    fail(path, ": malformed JSON (", e.what(), ")");
   }
   FOCUS_CHECK(j.is_array(), path, ": expected a JSON list of questions");
   const char* key = which == 1 ? "mc1_targets" : "mc2_targets";

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "kernels/cpu/kv_simd.h"
 #include "kernels/cpu/tile_engine.h"
 
 namespace focus::cpu {

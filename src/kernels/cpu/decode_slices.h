@@ -8,7 +8,7 @@
 #include <cstdint>
 #include <limits>
 
-#include "kernels/cpu/kv_types.h"
+#include "kernels/cpu/kv_simd.h"
 #include "kernels/cpu/simd.h"
 
 namespace focus::cpu {

@@ -75,18 +75,6 @@ bool reads(const GroupedRouting& r, const int32_t* slots, int32_t g) {
   return false;
 }
 
-float dot(const float* a, const float* b, int64_t d) {
-  using namespace simd;
-  int64_t x = 0;
-  float acc_s = 0.f;
-  if (d >= kV) {
-    vf acc{};
-    for (; x + kV <= d; x += kV) acc = vfma(load(a + x), load(b + x), acc);
-    acc_s = hsum(acc);
-  }
-  for (; x < d; ++x) acc_s += a[x] * b[x];
-  return acc_s;
-}
 
 // ---------------------------------------------------------------------------------------------
 // Self-attention in tiles: the keys of one kv head beyond every row's window, in group order under
@@ -366,7 +354,7 @@ void slice_partial(const float* qr, const float* k, const float* v, const AttnSh
   float mx = kNegInf;
   for (int64_t m = 0; m < len; ++m) {
     if (m + 4 < len) __builtin_prefetch(k + (int64_t)keys[m + 4] * s.kv_stride + kvh * hd);
-    sc[m] = dot(qr, k + (int64_t)keys[m] * s.kv_stride + kvh * hd, hd) * s.scale;
+    sc[m] = decode_detail::dot(qr, k + (int64_t)keys[m] * s.kv_stride + kvh * hd, hd) * s.scale;
     mx = std::max(mx, sc[m]);
   }
   float sum = 0.f;

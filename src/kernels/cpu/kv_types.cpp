@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "core/error.h"
+#include "kernels/cpu/kv_simd.h"
 
 namespace focus::cpu {
 

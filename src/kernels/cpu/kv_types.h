@@ -1,6 +1,6 @@
 // The element types a KV cache can hold (float32, IEEE half, bfloat16), views of cached rows of
-// any of them, and the conversions the attention kernels use: a vector of cached elements
-// widened to floats, a float rounded to what the cache stores. Rounding is to nearest, ties to
+// any of them, and the conversions: a cached element widened to float, a float rounded to what
+// the cache stores (the vector forms for the kernels: kv_simd.h). Rounding is to nearest, ties to
 // even, for both 16-bit types; bfloat16 keeps float32's range, half keeps 11 significant bits
 // but overflows beyond 65504 (such values become infinite, as in any half-precision cache).
 #pragma once
@@ -9,7 +9,6 @@
 #include <string>
 
 #include "io/ggml_types.h"
-#include "kernels/cpu/simd.h"
 
 namespace focus::cpu {
 
@@ -58,30 +57,6 @@ inline float kv_load(const BHalf* p) {
   float f;
   std::memcpy(&f, &u, 4);
   return f;
-}
-
-// ---- vectors of simd::kV elements.
-inline simd::vf kv_load_vec(const float* p) { return simd::load(p); }
-inline simd::vf kv_load_vec(const BHalf* p) {
-  typedef uint16_t vu16 __attribute__((vector_size(simd::kV * 2)));
-  typedef uint32_t vu32 __attribute__((vector_size(simd::kV * 4)));
-  vu16 h;
-  std::memcpy(&h, p, sizeof(h));
-  const vu32 w = __builtin_convertvector(h, vu32) << 16;
-  return (simd::vf)w;
-}
-inline simd::vf kv_load_vec(const Half* p) {
-#if defined(__AVX512F__)
-  // The zero-masking form: the plain one leaves its pass-through operand undefined, which GCC
-  // reports as possibly uninitialised.
-  return (simd::vf)_mm512_maskz_cvtph_ps((__mmask16)0xffff, _mm256_loadu_si256((const __m256i*)p));
-#elif defined(__F16C__) && defined(__AVX__)
-  return (simd::vf)_mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)p));
-#else
-  simd::vf r;
-  for (int i = 0; i < simd::kV; ++i) r[i] = kv_load(p + i);
-  return r;
-#endif
 }
 
 // dst[0 .. n) = src rounded to type t (stored as t's elements).

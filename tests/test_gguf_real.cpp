@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -58,7 +59,9 @@ nlohmann::json reference_for(const std::string& model) {
     return std::to_string(fs::file_size(p)) + "_" +
            std::to_string((uint64_t)fs::last_write_time(p).time_since_epoch().count());
   };
-  const fs::path dir = fs::temp_directory_path() / "focus_gguf_reference";
+  // Cached across test processes (the script writes atomically) in the shared temporary base.
+  const char* shared = std::getenv("FOCUS_SHARED_TMPDIR");
+  const fs::path dir = (shared && *shared ? fs::path(shared) : fs::temp_directory_path()) / "focus_gguf_reference";
   fs::create_directories(dir);
   const fs::path cached = dir / (fs::path(model).stem().string() + "-" + stamp(model) + "-" + stamp(script) + ".json");
   if (!fs::exists(cached)) {

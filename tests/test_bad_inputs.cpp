@@ -307,3 +307,78 @@ TEST(BadInputs, RetrofitInitFolderMissingOrMalformed) {
   write("truncated_routers/router.safetensors", "abc");
   expect_clean_error(args + t, t + "/router.safetensors", "truncated safetensors file");
 }
+
+// Memory limits are checked before anything large is allocated: FOCUS_MEMORY_LIMIT stands in for a
+// small machine, and each job is refused with its estimate and the part that does not fit.
+namespace {
+struct MemoryLimit {
+  explicit MemoryLimit(const char* v) { setenv("FOCUS_MEMORY_LIMIT", v, 1); }
+  ~MemoryLimit() { unsetenv("FOCUS_MEMORY_LIMIT"); }
+};
+}  // namespace
+
+TEST(BadInputs, ContextBeyondMemoryIsRefusedWithTheEstimate) {
+  FOCUS_NEED_FILE(stories());
+  FOCUS_NEED_FILE(book("pg-345-dracula.txt"));
+  FOCUS_NEED_FILE(book("pg-1342-pride-and-prejudice.txt"));
+  const std::string model = "--model " + stories() + " --tokenizer " + tok512();
+  {
+    MemoryLimit lim("1M");
+    expect_clean_error("eval " + model + " --text " + book("pg-345-dracula.txt") + " --ctx 256 --kv-type f32",
+                       "eval at ctx 256", "needs about");
+    const focus::test::BinRun r = run("eval " + model + " --text " + book("pg-345-dracula.txt") + " --ctx 256 --kv-type f32");
+    EXPECT_NE(r.err.find("KV cache"), std::string::npos) << r.err;
+    EXPECT_NE(r.err.find("only 1.00 MiB is free"), std::string::npos) << r.err;
+    EXPECT_NE(r.err.find("--kv-type f16"), std::string::npos) << r.err;
+    expect_clean_error("retrofit " + model + " --train " + book("pg-345-dracula.txt") + " --valid " +
+                           book("pg-1342-pride-and-prejudice.txt") + " --ctx 256 --steps 1 --out " + dir() + "/mem_out",
+                       "retrofit at ctx 256", "layer inputs");
+  }
+  {
+    MemoryLimit lim("64K");  // stories260K's f16 cache: 640 bytes a position
+    expect_clean_error("generate " + model + " -p 'Once upon' -n 400", "generate (3 prompt tokens + 400 new)",
+                       "generate fewer tokens");
+  }
+  {
+    // The same jobs fit a limit that holds them.
+    MemoryLimit lim("64M");
+    const focus::test::BinRun r = run("eval " + model + " --text " + book("pg-345-dracula.txt") + " --ctx 256 --max-tokens 300");
+    EXPECT_EQ(r.code, 0) << r.err;
+  }
+  {
+    MemoryLimit lim("12x");
+    expect_clean_error("eval " + model + " --text " + book("pg-345-dracula.txt"), "FOCUS_MEMORY_LIMIT='12x'",
+                       "unknown unit");
+  }
+}
+
+TEST(BadInputs, WeightsBeyondMemoryAreRefusedBeforeConversion) {
+  FOCUS_NEED_FILE(stories());
+  MemoryLimit lim("100K");  // stories260K in bf16 holds about 0.5 MB of matrices
+  expect_clean_error("info " + stories() + " --tokenizer " + tok512() + " --weights bf16", stories(),
+                     "weights held as bf16");
+  const focus::test::BinRun r = run("info " + stories() + " --tokenizer " + tok512());  // float32 file, viewed in place
+  EXPECT_EQ(r.code, 0) << r.err;
+}
+
+TEST(BadInputs, BinaryTextIsRefusedAndA100MBLineIsRead) {
+  FOCUS_NEED_FILE(stories());
+  std::string bin(4096, '\0');
+  for (size_t i = 0; i < bin.size(); ++i) bin[i] = (char)((i * 2654435761u) >> 13);
+  const auto b = write("binary.bin", bin);
+  expect_clean_error("eval --model " + stories() + " --tokenizer " + tok512() + " --text " + b + " --ctx 64", b,
+                     "invalid UTF-8");
+  // One line of 100 MB (words, no line break) is read, tokenized and scored.
+  const std::string words = "the cat sat on a mat and looked at the small red bird ";
+  std::string line;
+  line.reserve(100u << 20);
+  while (line.size() + words.size() < (100u << 20)) line += words;
+  const auto t = write("line100m.txt", line);
+  line.clear();
+  line.shrink_to_fit();
+  const focus::test::BinRun r = run("eval --model " + stories() + " --tokenizer " + tok512() + " --text " + t +
+                    " --ctx 64 --max-tokens 128");
+  fs::remove(t);
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find("tokens scored 128"), std::string::npos) << r.out;
+}

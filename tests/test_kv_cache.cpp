@@ -236,3 +236,40 @@ TEST(KvTypes, GroupedDecodingOnA16BitCacheIsTheFloatKernelOnItsValues) {
       EXPECT_LT(err, 2e-5) << cpu::to_string(t) << " " << same_groups;
     }
 }
+
+// The memory estimate's KV part is what the cache allocates; the limit's units parse.
+TEST(MemoryEstimate, KvCacheEstimateIsTheAllocationAndLimitsParse) {
+  ModelConfig c;
+  c.layers = 3, c.dim = 32, c.heads = 4, c.kv_heads = 2, c.head_dim = 8, c.ffn = 64, c.vocab = 100;
+  for (KvType t : {KvType::F32, KvType::F16, KvType::BF16}) {
+    KVCache cache;
+    cache.init(c, 37, t);
+    const MemoryNeed need = inference_memory(c, 37, 5, t, 2);
+    ASSERT_FALSE(need.parts.empty());
+    EXPECT_EQ(need.parts[0].first, "KV cache");
+    EXPECT_EQ(need.parts[0].second, (double)cache.bytes());
+    EXPECT_GT(need.total(), need.parts[0].second);
+  }
+  EXPECT_EQ(format_bytes(512), "512 B");
+  EXPECT_EQ(format_bytes(1536), "1.50 KiB");
+  EXPECT_EQ(format_bytes(3.0 * (1 << 30)), "3.00 GiB");
+  setenv("FOCUS_MEMORY_LIMIT", "1.5G", 1);
+  EXPECT_EQ(available_memory(), (int64_t)(1.5 * (1 << 30)));
+  setenv("FOCUS_MEMORY_LIMIT", "off", 1);
+  EXPECT_EQ(available_memory(), -1);
+  MemoryNeed huge;
+  huge.add("everything", 1e30);
+  EXPECT_NO_THROW(check_memory("job", huge, ""));  // off: no check
+  setenv("FOCUS_MEMORY_LIMIT", "1000", 1);
+  try {
+    check_memory("job", huge, "do less");
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("job needs about"), std::string::npos) << m;
+    EXPECT_NE(m.find("(everything "), std::string::npos) << m;
+    EXPECT_NE(m.find("1000 B is free; do less"), std::string::npos) << m;
+  }
+  unsetenv("FOCUS_MEMORY_LIMIT");
+  EXPECT_GT(available_memory(), 0);  // this machine's reading
+}

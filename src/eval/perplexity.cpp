@@ -115,6 +115,13 @@ PplResult perplexity(const Model& m, const std::vector<int32_t>& ids, const PplO
   const int64_t stride = o.stride > 0 ? std::min(o.stride, span) : span;
   const int64_t n = (int64_t)ids.size();
   FOCUS_CHECK(n >= 2 - nb, "perplexity: the text has too few tokens (", n, ")");
+  {
+    const int64_t T = std::min(o.ctx, n + nb);  // the longest window
+    check_memory("eval at ctx " + std::to_string(o.ctx),
+                 inference_memory(m.cfg, T, o.decode ? 1 : T, o.kv_type, o.decode ? 1 : 64),
+                 std::string("lower --ctx (the KV cache and activations grow with it)") +
+                     (o.kv_type == cpu::KvType::F32 ? " or use --kv-type f16" : ""));
+  }
 
   PplResult r;
   std::vector<int32_t> win, tgt;

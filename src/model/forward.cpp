@@ -32,6 +32,19 @@ int64_t KVCache::bytes() const {
   return 2 * (int64_t)std::max(k.size(), k16.size()) * capacity * kv_dim * cpu::kv_type_bytes(type);
 }
 
+MemoryNeed inference_memory(const ModelConfig& c, int64_t positions, int64_t batch, cpu::KvType kv,
+                            int64_t logit_rows) {
+  const double D = (double)c.dim, QD = (double)c.q_dim(), KD = (double)c.kv_dim(), F = (double)c.ffn;
+  MemoryNeed need;
+  need.add("KV cache", 2.0 * (double)c.layers * (double)positions * KD * (double)cpu::kv_type_bytes(kv));
+  // The block's buffers (norms, q, k, v, attention output, residual, MLP) and the hidden states;
+  // the sparse kernels' per-head routing adds a little per token.
+  need.add("activations",
+           4.0 * (double)batch * (7 * D + 2 * QD + 2 * KD + 2 * F + 4.0 * (double)c.heads));
+  need.add("logits", 4.0 * (double)logit_rows * (double)c.vocab);
+  return need;
+}
+
 void KVCache::truncate(int64_t n) {
   FOCUS_CHECK(n >= 0 && n <= len, "KVCache: cannot keep ", n, " of ", len, " positions");
   for (auto& s : state)

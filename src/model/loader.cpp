@@ -10,6 +10,7 @@
 
 #include "core/error.h"
 #include "core/mapped_file.h"
+#include "core/memory.h"
 #include "io/gguf.h"
 #include "io/safetensors.h"
 #include "model/model.h"
@@ -110,6 +111,23 @@ Weight hold_matrix(ModelWeights& w, WeightsMode mode, io::GGMLType type, int64_t
   return Weight::f32(w.keep(std::move(f)), rows, cols);
 }
 
+// Bytes hold_matrix allocates for n elements of `type` (a view costs nothing; the float32 made on
+// the way to BF16 is freed matrix by matrix).
+double held_bytes(WeightsMode mode, io::GGMLType type, int64_t n) {
+  using io::GGMLType;
+  if (mode == WeightsMode::Native && type != GGMLType::F32) return 0;
+  if (type == GGMLType::F32 && mode != WeightsMode::BF16) return 0;
+  if (mode == WeightsMode::BF16 && type == GGMLType::BF16) return 0;
+  return (double)n * (mode == WeightsMode::BF16 ? 2 : 4);
+}
+
+void check_weight_memory(const std::string& path, WeightsMode mode, double bytes) {
+  MemoryNeed need;
+  need.add(std::string("weights held as ") + (mode == WeightsMode::BF16 ? "bf16" : "float32"), bytes);
+  check_memory(path + ": loading with --weights " + to_string(mode), need,
+               mode == WeightsMode::Native ? "" : "use --weights native (the file's own format, read in place)");
+}
+
 // ---------------------------------------------------------------- GGUF
 std::string gguf_arch_key(const std::string& arch, const std::string& k) {
   return arch + "." + k;
@@ -167,6 +185,12 @@ std::unique_ptr<Model> load_gguf(const std::string& path, const LoadOptions& opt
   apply_arch_defaults(c);  // attn_scale: 1 / sqrt(head_dim), Gemma 3 included
   check_config(c, path);
 
+  {
+    double bytes = 0;
+    for (const io::GGUFTensor& t : f.tensors())
+      bytes += t.ne.size() >= 2 ? held_bytes(opt.weights, t.type, t.n_elements()) : 4.0 * (double)t.n_elements();
+    check_weight_memory(path, opt.weights, bytes);
+  }
   std::map<std::string, int> type_count;
   bool viewed = false;
   auto find = [&](const std::string& name, const std::vector<int64_t>& shape, bool required) -> const io::GGUFTensor* {
@@ -273,6 +297,7 @@ std::unique_ptr<Model> load_llama2c(const std::string& path, const LoadOptions& 
               f.size());
   FOCUS_CHECK(f.size() == bytes, path, ": llama2.c checkpoint has ", f.size() - bytes,
               " unexpected trailing bytes (not a legacy v0 file?)");
+  check_weight_memory(path, opt.weights, held_bytes(opt.weights, io::GGMLType::F32, need));
   // Every tensor is float32 at a 4-byte aligned offset: the model views the mapping.
   m->w.owners.push_back(file);
   const float* p = reinterpret_cast<const float*>(f.data() + 28);
@@ -424,6 +449,21 @@ std::unique_ptr<Model> load_safetensors(const std::string& dir, const LoadOption
     m->w.n_params += t->n_elements();
     return t;
   };
+  {
+    double bytes = 0;
+    for (const auto& file : st.files)
+      for (const io::STTensor& t : file->tensors()) {
+        const std::string& dt = t.dtype;
+        const bool half = dt == "F16" || dt == "BF16";
+        if (t.shape.size() < 2) bytes += 4.0 * (double)t.n_elements();
+        else if (dt == "F32" || half)
+          bytes += held_bytes(opt.weights, dt == "F32" ? io::GGMLType::F32 : dt == "F16" ? io::GGMLType::F16
+                                                                                            : io::GGMLType::BF16,
+                              t.n_elements());
+        else bytes += (double)t.n_elements() * (opt.weights == WeightsMode::BF16 ? 2 : 4);
+      }
+    check_weight_memory(dir, opt.weights, bytes);
+  }
   // Matrices [rows, cols] in F32 / F16 / BF16 as LoadOptions::weights says (other dtypes: the
   // float conversion's error names them).
   auto mat = [&](const std::string& name, std::vector<int64_t> shape, bool required = true) -> Weight {

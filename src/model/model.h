@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "core/memory.h"
 #include "io/tokenizer.h"
 #include "model/attention.h"
 #include "model/config.h"
@@ -72,6 +73,13 @@ struct KVCache {
 constexpr size_t kAttentionScratchKept = size_t{64} << 20;
 void forward(const Model& m, const int32_t* ids, int64_t T, KVCache& cache, float* hidden,
              const AttentionPlan* plan = nullptr, AttentionStats* stats = nullptr);
+
+// What running the model allocates beyond its weights: a KV cache of `positions` rows, the
+// activations of a forward pass over `batch` tokens (the blocks' buffers, the hidden states) and
+// `logit_rows` rows of logits. check_memory(what, inference_memory(...), hint) refuses a job that
+// would not fit before anything is allocated.
+MemoryNeed inference_memory(const ModelConfig& c, int64_t positions, int64_t batch, cpu::KvType kv,
+                            int64_t logit_rows);
 
 // logits[r, :] = hidden[r, :] . lm_head^T for r in [0, rows).
 void compute_logits(const Model& m, const float* hidden, int64_t rows, float* logits);

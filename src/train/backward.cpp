@@ -23,6 +23,21 @@ double layer_act_bytes(const ModelConfig& c, int64_t T, int64_t G, int64_t lora_
   return 4 * f;
 }
 
+}  // namespace
+
+MemoryNeed training_memory(const ModelConfig& c, int64_t T, int64_t G, int64_t lora_cols, const BackwardOptions& opt) {
+  const double layer = layer_act_bytes(c, T, G, lora_cols), all = layer * (double)c.layers;
+  const bool recompute = opt.force_recompute >= 0 ? opt.force_recompute == 1 : all > opt.keep_activations_bytes;
+  MemoryNeed need;
+  need.add("layer inputs", 4.0 * (double)(c.layers + 1) * (double)T * (double)c.dim);
+  need.add(recompute ? "one layer's activations (recomputed)" : "kept activations", recompute ? 2 * layer : all);
+  need.add("logits and gradients", 4.0 * (double)T * (double)c.dim * 2 + 16.0 * (1 << 20) * 4);
+  need.add("routing", 4.0 * 12 * (double)T * (double)G * (double)std::max<int64_t>(c.kv_heads, 1));
+  return need;
+}
+
+namespace {
+
 // LoRA adapters run unmerged on the block's projections: y += (alpha / r) (x A^T) B^T. keep holds
 // the scaled u = (alpha / r) x A^T [T, r] for the backward pass.
 class LoraProjections final : public ProjectionAdapter {

@@ -56,6 +56,12 @@ struct TrainableSet {
 // Loss L = loss_scale * sum_t -log p(targets[t] | ids[0..t]) with Focus soft attention on router
 // layers and the adapters applied. Accumulates (+=) dL/dparams into the gradient buffers given.
 // Layers below the lowest trained part get no backward pass.
+// What one loss-and-gradient call over a window of T tokens allocates (layer inputs, the kept or
+// recomputed activations, the head's logits, routing scratch for G groups, LoRA's kept columns),
+// for check_memory before training starts.
+MemoryNeed training_memory(const ModelConfig& c, int64_t T, int64_t G, int64_t lora_cols,
+                           const BackwardOptions& opt = {});
+
 LossGrad train_loss_and_grad(const Model& m, const TrainableSet& ts, const TrainWindow& w, float loss_scale,
                              const BackwardOptions& opt = {});
 

@@ -69,6 +69,8 @@ LoraResult run_lora(const Model& m, const LoraOptions& o) {
   s.targets = parse_lora_targets(s.targets);
   s.alpha = s.alpha_or_default();
   const TrainData d = prepare_train_data(m, o, "lora");
+  check_memory("lora at ctx " + std::to_string(o.ctx), training_memory(m.cfg, o.ctx, 0, s.rank * (int64_t)s.targets.size()),
+               "lower --ctx");
   LoraAdapters a = lora_init(m.cfg, s, o.seed);
   FOCUS_CHECK(!a.mats.empty(), "lora: no projection to adapt");
 

@@ -169,6 +169,8 @@ ValidResult validate(const Model& m, const FocusRouters& f, const std::vector<st
 
 RetrofitResult run_retrofit(const Model& m, const RetrofitOptions& o) {
   const TrainData d = prepare_train_data(m, o, "retrofit");
+  check_memory("retrofit at ctx " + std::to_string(o.ctx), training_memory(m.cfg, o.ctx, o.focus.groups, 0),
+               "lower --ctx");
 
   FOCUS_CHECK(o.objective == "lm" || o.objective == "distill", "retrofit: unknown objective '", o.objective,
               "' (expected lm or distill)");

@@ -58,15 +58,29 @@ int64_t meminfo_available() {
   return -1;
 }
 
+// A "key value" entry of a stat file, or -1.
+int64_t read_stat(const char* path, const std::string& want) {
+  std::ifstream in(path);
+  std::string key;
+  long long v = 0;
+  while (in >> key >> v)
+    if (key == want) return (int64_t)v;
+  return -1;
+}
+
 int64_t cgroup_available() {
-  // cgroup v2, then v1. Limits at or beyond 2^60 mean none.
+  // cgroup v2, then v1. Limits at or beyond 2^60 mean none. The usage counts the page cache,
+  // which the kernel reclaims under pressure: it is not held against the limit.
   int64_t limit = read_number("/sys/fs/cgroup/memory.max");
   int64_t used = read_number("/sys/fs/cgroup/memory.current");
+  int64_t cache = read_stat("/sys/fs/cgroup/memory.stat", "file");
   if (limit < 0) {
     limit = read_number("/sys/fs/cgroup/memory/memory.limit_in_bytes");
     used = read_number("/sys/fs/cgroup/memory/memory.usage_in_bytes");
+    cache = read_stat("/sys/fs/cgroup/memory/memory.stat", "total_cache");
   }
   if (limit < 0 || limit >= (int64_t{1} << 60)) return -1;
+  used = std::max<int64_t>(used, 0) - std::max<int64_t>(cache, 0);
   return std::max<int64_t>(0, limit - std::max<int64_t>(used, 0));
 }
 

@@ -109,6 +109,12 @@ void expect_clean_error(const std::string& args, const std::string& file, const 
   EXPECT_NE(r.err.find(phrase), std::string::npos) << "message lacks '" << phrase << "':\n" << r.err;
   EXPECT_EQ(r.err.find("AddressSanitizer"), std::string::npos) << r.err;
   EXPECT_EQ(r.err.find("runtime error"), std::string::npos) << r.err;
+  const size_t at = r.err.rfind("error: ");
+  if (at != std::string::npos) {
+    const size_t end = r.err.find('\n', at);
+    focus::test::record_error(r.err.substr(at + 7, end == std::string::npos ? std::string::npos : end - at - 7),
+                              "focus " + args);
+  }
 }
 
 

@@ -13,6 +13,7 @@
 #include "focus/block_topk.h"
 #include "model/attention.h"
 #include "test_models.h"
+#include "test_util.h"
 
 using namespace focus;
 using focus::test::hidden_of;
@@ -100,12 +101,7 @@ std::vector<double> reference_attention(const std::vector<float>& q, const std::
 }
 
 std::string error_of(const ModelConfig& c, const std::string& spec) {
-  try {
-    make_attention_plan(c, spec);
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
+  return focus::test::error_of([&] { make_attention_plan(c, spec); });
 }
 
 }  // namespace

@@ -39,13 +39,9 @@ void write(const std::string& path, const std::string& bytes) {
 // Runs fn and returns the focus::Error message it throws ("" and a test failure if none).
 template <class Fn>
 std::string error_of(Fn&& fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  ADD_FAILURE() << "expected focus::Error";
-  return "";
+  const std::string m = focus::test::error_of(fn);
+  if (m.empty()) ADD_FAILURE() << "expected focus::Error";
+  return m;
 }
 
 // The fuzzers' tiny Llama (fuzz/fuzz_model_config.h).

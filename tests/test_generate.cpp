@@ -48,12 +48,7 @@ void expect_greedy_chain(const Model& m, const GenerateResult& r, const Attentio
 }
 
 std::string error_of(const Model& m, const std::vector<int32_t>& prompt, const GenerateOptions& o) {
-  try {
-    generate(m, prompt, o);
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
+  return focus::test::error_of([&] { generate(m, prompt, o); });
 }
 
 }  // namespace

@@ -16,6 +16,7 @@
 #include "core/error.h"
 #include "io/ggml_types.h"
 #include "io/gguf.h"
+#include "test_util.h"
 
 namespace focus::test::gguf {
 
@@ -149,6 +150,7 @@ inline void expect_gguf_error(const std::string& name, const std::string& bytes,
     ADD_FAILURE() << name << ": parsed without error";
   } catch (const focus::Error& e) {
     const std::string m = e.what();
+    focus::test::record_error(m, name);
     EXPECT_EQ(m.rfind(f.path + ": ", 0), 0u) << "message does not start with the path: " << m;
     for (const auto& p : phrases) EXPECT_NE(m.find(p), std::string::npos) << "missing '" << p << "' in: " << m;
   }

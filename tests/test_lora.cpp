@@ -308,13 +308,9 @@ INSTANTIATE_TEST_SUITE_P(Arches, LoraGrad, ::testing::Values(Arch::Llama, Arch::
 namespace {
 
 std::string expect_error(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  ADD_FAILURE() << "expected an error";
-  return "";
+  const std::string m = focus::test::error_of(f);
+  if (m.empty()) ADD_FAILURE() << "expected an error";
+  return m;
 }
 
 std::string fresh_dir(const std::string& name) {

@@ -55,6 +55,7 @@ void expect_error(const std::function<void()>& fn, const std::string& path, cons
     fn();
   } catch (const focus::Error& e) {
     const std::string msg = e.what();
+    focus::test::record_error(msg);
     EXPECT_EQ(msg.rfind(path, 0), 0u) << "message does not start with the path: " << msg;
     EXPECT_NE(msg.find(needle), std::string::npos) << "message lacks '" << needle << "': " << msg;
     return;

@@ -50,16 +50,7 @@ struct TempFile {
   }
 };
 
-// The message of the Error fn throws ("" if it throws none).
-template <typename Fn>
-std::string error_of(Fn&& fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
+using focus::test::error_of;
 
 void expect_one_true(const TaskSet& t) {
   for (const auto& it : t.items) {

@@ -66,12 +66,8 @@ std::string write_file(const std::string& name, const std::string& bytes) {
 
 template <typename F>
 std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const focus::Error& e) {
-    return e.what();
-  }
-  return "(no error)";
+  const std::string m = focus::test::error_of(f);
+  return m.empty() ? "(no error)" : m;
 }
 
 bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }

@@ -8,9 +8,12 @@
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
+#include "core/error.h"
 #include "core/mapped_file.h"
 
 namespace focus::test {
@@ -96,6 +99,31 @@ inline double rel_err(const std::vector<double>& got, const std::vector<double>&
 }
 inline double rel_err(const std::vector<float>& got, const std::vector<double>& want) {
   return rel_err(to_d(got), want);
+}
+
+// With FOCUS_BAD_INPUT_LOG set, an error message a test provoked is appended to that file as a
+// JSON line {"test", "input", "message"}: scripts/bad_inputs.py turns the log into the list of bad
+// inputs and their messages in docs/RESULTS.md.
+inline void record_error(const std::string& message, const std::string& input = "") {
+  const char* log = std::getenv("FOCUS_BAD_INPUT_LOG");
+  if (!log || !*log || message.empty()) return;
+  const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
+  nlohmann::json j = {{"test", info ? std::string(info->test_suite_name()) + "." + info->name() : ""},
+                      {"input", input},
+                      {"message", message}};
+  std::ofstream(log, std::ios::app) << j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
+}
+
+// The message of the focus::Error fn throws (recorded as above), or "" when it throws none.
+template <class Fn>
+std::string error_of(Fn&& fn) {
+  try {
+    fn();
+  } catch (const Error& e) {
+    record_error(e.what());
+    return e.what();
+  }
+  return "";
 }
 
 }  // namespace focus::test

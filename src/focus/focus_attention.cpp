@@ -118,7 +118,7 @@ class FocusAttention final : public AttentionPolicy {
     FOCUS_CHECK(!soft || a.pos0 == 0 || !fc.p.empty(),
                 "forward: the KV cache was filled with hard routing; soft mode needs it filled in soft mode");
     RouterCache rc;
-    router_forward(*rp_, a.xn, a.T, rc);
+    router_forward(*rp_, a.xn, a.T, rc, RouterSide::Query, soft);
     std::vector<int32_t> groups(a.T * fs_.topk);
     router_topk(rc.s.data(), rp_->bias.data(), a.T, fs_.groups, fs_.topk, groups.data());
     fc.append(groups.data(), soft ? rc.p.data() : nullptr, a.T);
@@ -243,7 +243,7 @@ class AsymmetricFocusAttention final : public AttentionPolicy {
     std::vector<float> in;
     for (int64_t r = 0; r < RH; ++r) {
       RouterCache kc;
-      router_forward(rp_[r], router_input(a, fs_, r, RH, RouterSide::Key, in), T, kc, RouterSide::Key);
+      router_forward(rp_[r], router_input(a, fs_, r, RH, RouterSide::Key, in), T, kc, RouterSide::Key, false);
       const float* bias = rp_[r].bias.data();
       int64_t* load = ks->load.data() + r * G;
       for (int64_t t = 0; t < T; ++t) {
@@ -272,7 +272,7 @@ class AsymmetricFocusAttention final : public AttentionPolicy {
     for (int64_t r = 0; r < RH; ++r) {
       RouterCache qc;
       std::vector<float> in;
-      router_forward(rp_[r], router_input(a, fs_, r, RH, RouterSide::Query, in), T, qc, RouterSide::Query);
+      router_forward(rp_[r], router_input(a, fs_, r, RH, RouterSide::Query, in), T, qc, RouterSide::Query, false);
       router_topk(qc.s.data(), rp_[r].bias.data(), T, G, k, top.data());
       for (int64_t t = 0; t < T; ++t)
         for (int64_t h = r * heads_per; h < (r + 1) * heads_per; ++h)

@@ -90,7 +90,8 @@ RouterParams router_init(const RouterConfig& cfg, uint64_t seed) {
   return rp;
 }
 
-void router_forward(const RouterParams& rp, const float* x, int64_t n, RouterCache& cache, RouterSide side) {
+void router_forward(const RouterParams& rp, const float* x, int64_t n, RouterCache& cache, RouterSide side,
+                    bool probs) {
   check_params(rp);
   FOCUS_CHECK(n >= 0, "router_forward: negative token count ", n);
   FOCUS_CHECK(n == 0 || x, "router_forward: null input");
@@ -107,7 +108,7 @@ void router_forward(const RouterParams& rp, const float* x, int64_t n, RouterCac
   cache.c_hat.resize(G * dg);
   cache.c_norm.resize(G);
   cache.s.resize(n * G);
-  cache.p.resize(n * G);
+  cache.p.resize(probs ? n * G : 0);
   for (int64_t g = 0; g < G; ++g) {
     const float nrm = std::max(std::sqrt(dot(C + g * dg, C + g * dg, dg)), kNormFloor);
     cache.c_norm[g] = nrm;
@@ -125,7 +126,6 @@ void router_forward(const RouterParams& rp, const float* x, int64_t n, RouterCac
     cache.r_norm[i] = nrm;
     for (int64_t a = 0; a < dg; ++a) u[a] /= nrm;
     float* s = cache.s.data() + i * G;
-    float* p = cache.p.data() + i * G;
     float mx = -std::numeric_limits<float>::infinity();
     for (int64_t g = 0; g < G; ++g) {
       float c = 0.f;
@@ -133,6 +133,8 @@ void router_forward(const RouterParams& rp, const float* x, int64_t n, RouterCac
       s[g] = c * inv_tau;
       mx = std::max(mx, s[g] + b[g]);
     }
+    if (!probs) continue;
+    float* p = cache.p.data() + i * G;
     float sum = 0.f;
     for (int64_t g = 0; g < G; ++g) sum += (p[g] = std::exp(s[g] + b[g] - mx));
     for (int64_t g = 0; g < G; ++g) p[g] /= sum;

@@ -67,9 +67,10 @@ struct RouterCache {
   std::vector<float> p;       // [N, G]    softmax(s + b)
 };
 
-// x [N, D] -> cache (s, p and the intermediates), scored by the projection of `side`.
+// x [N, D] -> cache (s, p and the intermediates), scored by the projection of `side`. Without
+// `probs` the softmax p is left empty (hard routing at inference reads only s and the bias).
 void router_forward(const RouterParams& rp, const float* x, int64_t n, RouterCache& cache,
-                    RouterSide side = RouterSide::Query);
+                    RouterSide side = RouterSide::Query, bool probs = true);
 
 // Given dL/dp [N, G] and/or dL/ds [N, G] (either may be null; ds is added to the gradient that
 // flows from dp through the softmax), accumulates dL/dparams (same layout as rp.params) and,

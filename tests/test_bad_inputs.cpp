@@ -365,6 +365,13 @@ TEST(BadInputs, WeightsBeyondMemoryAreRefusedBeforeConversion) {
                      "weights held as bf16");
   const focus::test::BinRun r = run("info " + stories() + " --tokenizer " + tok512());  // float32 file, viewed in place
   EXPECT_EQ(r.code, 0) << r.err;
+  // A quantized GGUF: its blocks are read in place natively; --weights f32 would copy 513 MiB.
+  const std::string gguf = focus::test::smollm2_path();
+  FOCUS_NEED_FILE(gguf);
+  MemoryLimit lim2("100M");
+  expect_clean_error("info " + gguf + " --weights f32", gguf, "weights held as float32");
+  EXPECT_EQ(run("info " + gguf).code, 0);
+  expect_clean_error("bench model --model " + gguf + " --prefill 8192 --reps 1", "bench model", "KV cache");
 }
 
 TEST(BadInputs, BinaryTextIsRefusedAndA100MBLineIsRead) {

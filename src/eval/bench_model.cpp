@@ -50,8 +50,7 @@ int run_model_bench(const Model& m, const AttentionPlan* plan, const std::string
   int64_t longest = 0, widest = 1;
   for (int64_t p : o.prefill) longest = std::max(longest, p), widest = std::max(widest, p);
   for (int64_t d : o.depth) longest = std::max(longest, d + o.gen), widest = std::max(widest, d);
-  check_memory("bench model", inference_memory(c, longest, widest, o.kv_type, 1),
-               std::string("lower --prefill / --depth") + (o.kv_type == cpu::KvType::F32 ? ", or use --kv-type f16" : ""));
+  check_inference_memory("bench model", c, longest, widest, o.kv_type, 1, "lower --prefill / --depth");
   nlohmann::json j;
   j["model"] = m.path;
   j["weights"] = m.w.weights_mode;

@@ -117,10 +117,8 @@ PplResult perplexity(const Model& m, const std::vector<int32_t>& ids, const PplO
   FOCUS_CHECK(n >= 2 - nb, "perplexity: the text has too few tokens (", n, ")");
   {
     const int64_t T = std::min(o.ctx, n + nb);  // the longest window
-    check_memory("eval at ctx " + std::to_string(o.ctx),
-                 inference_memory(m.cfg, T, o.decode ? 1 : T, o.kv_type, o.decode ? 1 : 64),
-                 std::string("lower --ctx (the KV cache and activations grow with it)") +
-                     (o.kv_type == cpu::KvType::F32 ? " or use --kv-type f16" : ""));
+    check_inference_memory("eval at ctx " + std::to_string(o.ctx), m.cfg, T, o.decode ? 1 : T, o.kv_type,
+                           o.decode ? 1 : 64, "lower --ctx (the KV cache and activations grow with it)");
   }
 
   PplResult r;

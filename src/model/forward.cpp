@@ -45,6 +45,12 @@ MemoryNeed inference_memory(const ModelConfig& c, int64_t positions, int64_t bat
   return need;
 }
 
+void check_inference_memory(const std::string& what, const ModelConfig& c, int64_t positions, int64_t batch,
+                            cpu::KvType kv, int64_t logit_rows, const std::string& hint) {
+  check_memory(what, inference_memory(c, positions, batch, kv, logit_rows),
+               hint + (kv == cpu::KvType::F32 ? ", or use --kv-type f16" : ""));
+}
+
 void KVCache::truncate(int64_t n) {
   FOCUS_CHECK(n >= 0 && n <= len, "KVCache: cannot keep ", n, " of ", len, " positions");
   for (auto& s : state)

@@ -42,10 +42,9 @@ GenerateResult generate(const Model& m, const std::vector<int32_t>& prompt, cons
   r.prompt_tokens = P;
   if (o.max_new_tokens == 0) return r;
   const int64_t cap = std::min(P + o.max_new_tokens, limit);
-  check_memory("generate (" + std::to_string(P) + " prompt tokens + " + std::to_string(cap - P) + " new)",
-               inference_memory(m.cfg, cap, P, o.kv_type, 1),
-               std::string("generate fewer tokens (-n) or shorten the prompt (the KV cache holds both)") +
-                   (o.kv_type == cpu::KvType::F32 ? ", or use --kv-type f16" : ""));
+  check_inference_memory("generate (" + std::to_string(P) + " prompt tokens + " + std::to_string(cap - P) + " new)",
+                         m.cfg, cap, P, o.kv_type, 1,
+                         "generate fewer tokens (-n) or shorten the prompt (the KV cache holds both)");
   const int32_t eos = m.tok ? m.tok->eos() : -1;
 
   KVCache cache;

@@ -90,17 +90,23 @@ void check_config(const ModelConfig& c, const std::string& path) {
 // a buffer the caller will drop) held as LoadOptions::weights says: a view of the bytes where the
 // mode and alignment allow (`viewed` is then set: the caller keeps the file alive), else an owned
 // float32 or BF16 copy.
+// Whether a matrix of `type` is held as a view of its bytes under `mode` (alignment permitting):
+// float32 unless BF16 is asked for, BF16 under BF16, and every other type natively (the
+// kernels read the file's blocks).
+bool held_in_place(WeightsMode mode, io::GGMLType type) {
+  using io::GGMLType;
+  if (type == GGMLType::F32) return mode != WeightsMode::BF16;
+  return mode == WeightsMode::Native || (mode == WeightsMode::BF16 && type == GGMLType::BF16);
+}
+
 Weight hold_matrix(ModelWeights& w, WeightsMode mode, io::GGMLType type, int64_t rows, int64_t cols,
                    const uint8_t* data, bool can_view, bool& viewed) {
   using io::GGMLType;
-  const bool aligned4 = reinterpret_cast<uintptr_t>(data) % 4 == 0;
-  const bool aligned2 = reinterpret_cast<uintptr_t>(data) % 2 == 0;
-  Weight out{type, rows, cols, data};
-  if (can_view) {
-    if (type == GGMLType::F32 && aligned4 && mode != WeightsMode::BF16) return viewed = true, out;
-    if (mode == WeightsMode::BF16 && type == GGMLType::BF16 && aligned2) return viewed = true, out;
-    if (mode == WeightsMode::Native && type != GGMLType::F32) return viewed = true, out;  // kernels read bytes
-  }
+  // A float32 view, and a BF16 one under BF16, must be aligned to the element; the native kernels
+  // read the other types as bytes.
+  const size_t align = type == GGMLType::F32 ? 4 : mode == WeightsMode::BF16 ? 2 : 1;
+  if (can_view && held_in_place(mode, type) && reinterpret_cast<uintptr_t>(data) % align == 0)
+    return viewed = true, Weight{type, rows, cols, data};
   std::vector<float> f((size_t)(rows * cols));
   io::dequantize(type, data, f.data(), rows * cols);
   if (mode == WeightsMode::BF16) {
@@ -114,11 +120,7 @@ Weight hold_matrix(ModelWeights& w, WeightsMode mode, io::GGMLType type, int64_t
 // Bytes hold_matrix allocates for n elements of `type` (a view costs nothing; the float32 made on
 // the way to BF16 is freed matrix by matrix).
 double held_bytes(WeightsMode mode, io::GGMLType type, int64_t n) {
-  using io::GGMLType;
-  if (mode == WeightsMode::Native && type != GGMLType::F32) return 0;
-  if (type == GGMLType::F32 && mode != WeightsMode::BF16) return 0;
-  if (mode == WeightsMode::BF16 && type == GGMLType::BF16) return 0;
-  return (double)n * (mode == WeightsMode::BF16 ? 2 : 4);
+  return held_in_place(mode, type) ? 0 : (double)n * (mode == WeightsMode::BF16 ? 2 : 4);
 }
 
 void check_weight_memory(const std::string& path, WeightsMode mode, double bytes) {

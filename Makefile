@@ -6,7 +6,7 @@ JOBS ?= $(shell nproc)
 DATA ?= $(abspath ../shared/data)
 CMAKE_FLAGS ?=
 
-.PHONY: setup build demo test test-asan check-package bench asan clean
+.PHONY: setup build demo test test-asan check-package bench clean
 
 setup:
 	bash scripts/setup.sh
@@ -29,14 +29,12 @@ check-package: build
 bench: build
 	$(BUILD)/focus_bench --json $(BUILD)/bench.json
 
-asan:
-	cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DFOCUS_ASAN=ON -DFOCUS_TESTS=OFF -DFOCUS_BENCH=OFF >/dev/null
-	cmake --build build-asan -j $(JOBS) --target focus
-
-# The malformed-input suite against the AddressSanitizer build of the binary.
-test-asan: build asan
-	FOCUS_DATA=$(DATA) FOCUS_BIN=$(abspath build-asan/focus) ASAN_OPTIONS=detect_leaks=1 \
+# The malformed-input suite against the command-line binary built on the sanitized library of
+# the fuzzing build (clang, AddressSanitizer + UBSan; scripts/fuzz.sh 0 builds it, fuzzing nothing).
+test-asan: build
+	bash scripts/fuzz.sh 0
+	FOCUS_DATA=$(DATA) FOCUS_BIN=$(abspath build-fuzz/focus_san) ASAN_OPTIONS=detect_leaks=1 \
 	  $(BUILD)/focus_tests --gtest_filter='BadInputs.*'
 
 clean:
-	rm -rf $(BUILD) build-asan
+	rm -rf $(BUILD) build-fuzz

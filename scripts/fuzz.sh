@@ -3,6 +3,8 @@
 # and runs each for SECONDS, one after the other, on a scratch copy of its seed corpus
 # (fuzz/corpus/<harness>/, left unmodified).
 #   scripts/fuzz.sh SECONDS [HARNESS...]      e.g. scripts/fuzz.sh 60 fuzz_gguf fuzz_text
+#   scripts/fuzz.sh 0                          builds only (the harnesses and build-fuzz/focus_san,
+#                                              the command-line binary on the sanitized library)
 # Installs clang (Debian packages) when it is missing. Prints the executions of each harness;
 # exits non-zero when any harness found a crash, naming the harness and the crash file (kept
 # under build-fuzz/findings/<harness>/). Reproduce one with build-fuzz/<harness> CRASH_FILE.
@@ -43,6 +45,10 @@ cmake -S "$ROOT" -B "$BUILD" -DFOCUS_FUZZ=ON -DFOCUS_TESTS=OFF -DFOCUS_BENCH=OFF
   -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ >/dev/null
 cmake --build "$BUILD" --target fuzz_all -j "${FOCUS_FUZZ_JOBS:-$(nproc)}" >/dev/null
 
+if [ "$SECONDS_EACH" = 0 ]; then
+  echo "[fuzz] built the harnesses and $BUILD/focus_san"
+  exit 0
+fi
 if [ $# -gt 0 ]; then
   harnesses=("$@")
 else

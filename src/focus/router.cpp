@@ -5,6 +5,7 @@
 #include <limits>
 
 #include "core/error.h"
+#include "core/rng.h"
 #include "kernels/cpu/simd.h"
 
 namespace focus {
@@ -30,19 +31,6 @@ float dot(const float* a, const float* b, int64_t n) {
   for (; d < n; ++d) s += a[d] * b[d];
   return s;
 }
-
-// splitmix64 + Box-Muller: a normal generator that gives the same numbers on every platform.
-struct Rng {
-  uint64_t state;
-  uint64_t next() {
-    uint64_t z = (state += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-  }
-  double uniform() { return ((next() >> 11) + 0.5) * (1.0 / 9007199254740992.0); }  // (0, 1)
-  double normal() { return std::sqrt(-2.0 * std::log(uniform())) * std::cos(6.283185307179586 * uniform()); }
-};
 
 void check_config(const RouterConfig& c) {
   FOCUS_CHECK(c.dim >= 1, "router: input width D must be >= 1, got ", c.dim);

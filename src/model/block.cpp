@@ -202,8 +202,9 @@ void block_run(const Model& m, const AttentionPolicy& policy, const BlockIO& io,
 
 // The gradient before a post norm (Gemma 3) given dy after it: in buf, or dy itself without one.
 const float* post_norm_backward(const ModelConfig& c, const std::vector<float>& pre, const float* w,
-                                const float* dy, int64_t T, std::vector<float>& buf) {
+                                const float* dy, int64_t T, std::vector<float>& buf, float* dw) {
   if (!c.post_norms) return dy;
+  if (dw) cpu::rmsnorm_backward_weight(pre.data(), dy, dw, T, c.dim, c.norm_eps);
   buf.resize(T * c.dim);
   cpu::rmsnorm_backward(pre.data(), w, dy, buf.data(), T, c.dim, c.norm_eps, false);
   return buf.data();
@@ -224,22 +225,38 @@ void block_train_forward(const Model& m, const AttentionPolicy& policy, const Bl
 }
 
 void block_backward(const Model& m, const AttentionPolicy& policy, int64_t l, int64_t T, const float* x_in,
-                    BlockActs& A, const ProjectionAdapter* adapter, float* dx, BlockGradScratch& S) {
+                    BlockActs& A, const ProjectionAdapter* adapter, float* dx, BlockGradScratch& S,
+                    const LayerGrads* g) {
   const ModelConfig& c = m.cfg;
   const LayerWeights& L = m.w.layers[l];
   const int64_t D = c.dim, QD = c.q_dim(), KD = c.kv_dim(), F = c.ffn;
   auto adapt_back = [&](int proj, const float* x, const float* dy, float* dxin) {
     if (adapter && adapter->adapts(l, proj)) adapter->backward(l, proj, x, A.adapter_keep[proj], dy, T, dxin);
   };
+  static const LayerGrads kNone;
+  const LayerGrads& G = g ? *g : kNone;
+  // dW += dy^T x (and db += colsum dy) of a projection y[T, N] = x[T, K] W^T + b, when trained.
+  auto weight_back = [&](const float* dy, const float* x, float* dW, float* db, int64_t K, int64_t N) {
+    if (dW) cpu::linear_backward_weight(dy, x, dW, db, T, K, N);
+    else if (db) FOCUS_CHECK(false, "block_backward: a bias gradient without its matrix's");
+  };
+  // The weight (and bias) gradient of the model's norm over rows of width D.
+  auto norm_back = [&](const float* x, const float* dy, float* dw, float* db) {
+    if (!dw) return;
+    if (c.norm == NormKind::RMS) cpu::rmsnorm_backward_weight(x, dy, dw, T, D, c.norm_eps);
+    else cpu::layernorm_backward_weight(x, dy, dw, db, T, D, c.norm_eps);
+  };
 
   // MLP block: x_out = h1 + post(down(act)).
-  const float* dm = post_norm_backward(c, A.m_pre, L.post_ffn_norm, dx, T, S.d1);
+  const float* dm = post_norm_backward(c, A.m_pre, L.post_ffn_norm, dx, T, S.d1, G.post_ffn_norm);
+  weight_back(dm, A.act.data(), G.w_down, G.b_down, F, D);
   S.dact.resize(T * F);
   cpu::linear_backward_input(dm, L.w_down, S.dact.data(), T, F, D, false);
   S.dup.resize(T * F);
   S.dxn.resize(T * D);
   if (c.mlp == MlpKind::GELU) {
     cpu::gelu_tanh_backward(A.up.data(), S.dact.data(), S.dup.data(), T * F);
+    weight_back(S.dup.data(), A.xn2.data(), G.w_up, G.b_up, D, F);
     cpu::linear_backward_input(S.dup.data(), L.w_up, S.dxn.data(), T, D, F, false);
   } else {
     S.dgate.resize(T * F);
@@ -247,14 +264,18 @@ void block_backward(const Model& m, const AttentionPolicy& policy, int64_t l, in
       cpu::silu_mul_backward(A.gate.data(), A.up.data(), S.dact.data(), S.dgate.data(), S.dup.data(), T * F);
     else
       cpu::gelu_tanh_mul_backward(A.gate.data(), A.up.data(), S.dact.data(), S.dgate.data(), S.dup.data(), T * F);
+    weight_back(S.dgate.data(), A.xn2.data(), G.w_gate, nullptr, D, F);
+    weight_back(S.dup.data(), A.xn2.data(), G.w_up, G.b_up, D, F);
     cpu::linear_backward_input(S.dgate.data(), L.w_gate, S.dxn.data(), T, D, F, false);
     cpu::linear_backward_input(S.dup.data(), L.w_up, S.dxn.data(), T, D, F, true);
   }
   // dh1 = dx + norm'(h1) dxn  (kept in dx)
+  norm_back(A.h1.data(), S.dxn.data(), G.ffn_norm, G.ffn_norm_b);
   model_norm_backward(c, A.h1.data(), L.ffn_norm, S.dxn.data(), dx, T, true);
 
   // Attention block: h1 = x_in + post(att Wo^T).
-  const float* da = post_norm_backward(c, A.a_pre, L.post_attn_norm, dx, T, S.d1);
+  const float* da = post_norm_backward(c, A.a_pre, L.post_attn_norm, dx, T, S.d1, G.post_attn_norm);
+  weight_back(da, A.att.data(), G.wo, G.bo, QD, D);
   S.datt.resize(T * QD);
   cpu::linear_backward_input(da, L.wo, S.datt.data(), T, QD, D, false);
   adapt_back(kProjO, A.att.data(), da, S.datt.data());
@@ -269,11 +290,17 @@ void block_backward(const Model& m, const AttentionPolicy& policy, int64_t l, in
     cpu::rope_backward(S.dk.data(), T, c.kv_heads, c.head_dim, c.rope_dim, 0, rope_theta(c, l), c.rope_style);
   }
   if (c.qk_norm) {
+    if (G.q_norm) cpu::rmsnorm_backward_weight(A.q_pre.data(), S.dq.data(), G.q_norm, T * c.heads, c.head_dim, c.norm_eps);
+    if (G.k_norm)
+      cpu::rmsnorm_backward_weight(A.k_pre.data(), S.dk.data(), G.k_norm, T * c.kv_heads, c.head_dim, c.norm_eps);
     cpu::rmsnorm_backward(A.q_pre.data(), L.q_norm, S.dq.data(), S.dq.data(), T * c.heads, c.head_dim, c.norm_eps,
                           false);
     cpu::rmsnorm_backward(A.k_pre.data(), L.k_norm, S.dk.data(), S.dk.data(), T * c.kv_heads, c.head_dim,
                           c.norm_eps, false);
   }
+  weight_back(S.dq.data(), A.xn1.data(), G.wq, G.bq, D, QD);
+  weight_back(S.dk.data(), A.xn1.data(), G.wk, G.bk, D, KD);
+  weight_back(S.dv.data(), A.xn1.data(), G.wv, G.bv, D, KD);
   S.dxn.resize(T * D);
   cpu::linear_backward_input(S.dq.data(), L.wq, S.dxn.data(), T, D, QD, false);
   cpu::linear_backward_input(S.dk.data(), L.wk, S.dxn.data(), T, D, KD, true);
@@ -283,6 +310,7 @@ void block_backward(const Model& m, const AttentionPolicy& policy, int64_t l, in
   adapt_back(kProjV, A.xn1.data(), S.dv.data(), S.dxn.data());
   policy.train_backward_input(call, A.tape, S.dxn.data());
   // dx_in = dh1 + norm'(x_in) dxn1
+  norm_back(x_in, S.dxn.data(), G.attn_norm, G.attn_norm_b);
   model_norm_backward(c, x_in, L.attn_norm, S.dxn.data(), dx, T, true);
 }
 

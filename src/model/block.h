@@ -83,14 +83,34 @@ void block_forward(const Model& m, const AttentionPolicy& policy, const BlockIO&
 void block_train_forward(const Model& m, const AttentionPolicy& policy, const BlockIO& io, BlockActs& A,
                          const ProjectionAdapter* adapter);
 
+// Where the gradients of one layer's own parameters accumulate (+=), laid out like LayerWeights
+// (matrices [out, in] row-major); a null pointer leaves that parameter untrained. Training from
+// scratch sets them all; the trainers of routers and adapters on a frozen model set none.
+struct LayerGrads {
+  float* attn_norm = nullptr;  float* attn_norm_b = nullptr;
+  float* wq = nullptr;  float* bq = nullptr;
+  float* wk = nullptr;  float* bk = nullptr;
+  float* wv = nullptr;  float* bv = nullptr;
+  float* wo = nullptr;  float* bo = nullptr;
+  float* q_norm = nullptr;  float* k_norm = nullptr;
+  float* post_attn_norm = nullptr;
+  float* ffn_norm = nullptr;  float* ffn_norm_b = nullptr;
+  float* w_gate = nullptr;
+  float* w_up = nullptr;  float* b_up = nullptr;
+  float* w_down = nullptr;  float* b_down = nullptr;
+  float* post_ffn_norm = nullptr;
+};
+
 // Scratch of the backward pass, reused across layers.
 struct BlockGradScratch {
   std::vector<float> d1, dact, dgate, dup, dxn, datt, dq, dk, dv;
 };
 
 // Given dx = dL/dx_out [T, D], the block's input x_in and its activations, replaces dx with
-// dL/dx_in and accumulates the gradients of the policy's and the adapter's parameters.
+// dL/dx_in and accumulates the gradients of the policy's and the adapter's parameters, and of the
+// layer's own weights into g (when given).
 void block_backward(const Model& m, const AttentionPolicy& policy, int64_t layer, int64_t T, const float* x_in,
-                    BlockActs& A, const ProjectionAdapter* adapter, float* dx, BlockGradScratch& S);
+                    BlockActs& A, const ProjectionAdapter* adapter, float* dx, BlockGradScratch& S,
+                    const LayerGrads* g = nullptr);
 
 }  // namespace focus

@@ -577,14 +577,16 @@ std::unique_ptr<Model> load_safetensors(const std::string& dir, const LoadOption
   if (opt.need_tokenizer) {
     std::string tp = opt.tokenizer;
     if (tp.empty()) {
-      for (const char* cand : {"tokenizer.json", "vocab.json"})
+      for (const char* cand : {"tokenizer.json", "vocab.json", "tokenizer.bin"})
         if (fs::exists(fs::path(dir) / cand)) {
           tp = (fs::path(dir) / (std::string(cand) == "vocab.json" ? "" : cand)).string();
           break;
         }
     }
-    FOCUS_CHECK(!tp.empty(), dir, ": no tokenizer found (tokenizer.json or vocab.json + merges.txt); pass --tokenizer");
-    m->tok = io::load_tokenizer(tp);
+    FOCUS_CHECK(!tp.empty(), dir,
+                ": no tokenizer found (tokenizer.json, vocab.json + merges.txt, or a llama2.c tokenizer.bin); pass "
+                "--tokenizer");
+    m->tok = io::load_tokenizer(tp, (int32_t)c.vocab);
   }
   if (viewed) m->w.owners.push_back(st_ptr);
   return m;

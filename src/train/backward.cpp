@@ -85,7 +85,8 @@ class LoraProjections final : public ProjectionAdapter {
 
 // Cross-entropy head over the final residual x [T, D]: returns the NLL sum; when dx is not null,
 // writes dL/dx (L = loss_scale * NLL sum). Logits are made in row chunks (no [T, vocab] buffer).
-double head_loss(const Model& m, const float* x, const TrainWindow& w, float loss_scale, float* dx, int64_t* scored) {
+double head_loss(const Model& m, const float* x, const TrainWindow& w, float loss_scale, float* dx, int64_t* scored,
+                 const ModelGrads* mg) {
   const ModelConfig& c = m.cfg;
   const int64_t D = c.dim, V = c.vocab, T = w.T;
   std::vector<float> h(T * D);
@@ -123,6 +124,11 @@ double head_loss(const Model& m, const float* x, const TrainWindow& w, float los
     nll += part;
     n += cnt;
     if (dx) cpu::linear_backward_input(logits.data(), m.w.lm_head, dh.data() + r0 * D, rows, D, V, false);
+    if (dx && mg) cpu::linear_backward_weight(logits.data(), h.data() + r0 * D, mg->lm_head, nullptr, rows, D, V);
+  }
+  if (dx && mg) {
+    if (c.norm == NormKind::RMS) cpu::rmsnorm_backward_weight(x, dh.data(), mg->out_norm, T, D, c.norm_eps);
+    else cpu::layernorm_backward_weight(x, dh.data(), mg->out_norm, mg->out_norm_b, T, D, c.norm_eps);
   }
   if (dx) model_norm_backward(c, x, m.w.out_norm, dh.data(), dx, T, false);
   if (scored) *scored = n;
@@ -149,6 +155,33 @@ void check_window(const Model& m, const TrainableSet& ts, const TrainWindow& w) 
   for (int64_t t = 0; t < w.T; ++t)
     FOCUS_CHECK(w.targets[t] < c.vocab, "training window: target id ", w.targets[t], " outside the vocabulary (",
                 c.vocab, ")");
+}
+
+// Training the model's own weights needs them as float32 and a gradient for every one.
+void check_model_grads(const Model& m, const ModelGrads& g) {
+  const ModelConfig& c = m.cfg;
+  FOCUS_CHECK((int64_t)g.layers.size() == c.layers, "model gradients: ", g.layers.size(), " layers for a model of ",
+              c.layers);
+  FOCUS_CHECK(g.tok_emb && g.lm_head && g.out_norm && (!c.learned_pos || g.pos_emb),
+              "model gradients: the embedding, output norm and output head need gradient buffers");
+  FOCUS_CHECK(m.w.tok_emb.is_f32() && m.w.lm_head.is_f32(), "training the model's weights needs them as float32");
+  for (int64_t l = 0; l < c.layers; ++l) {
+    const LayerWeights& L = m.w.layers[l];
+    for (const Weight* W : {&L.wq, &L.wk, &L.wv, &L.wo, &L.w_gate, &L.w_up, &L.w_down})
+      FOCUS_CHECK(!*W || W->is_f32(), "training the model's weights needs them as float32 (layer ", l, ")");
+  }
+}
+
+// Embedding backward: dE[ids[t]] += embed_scale dx0[t], dP[t] += dx0[t].
+void embed_backward(const Model& m, const int32_t* ids, int64_t T, const float* dx0, const ModelGrads& g) {
+  const ModelConfig& c = m.cfg;
+  const int64_t D = c.dim;
+  for (int64_t t = 0; t < T; ++t) {
+    float* e = g.tok_emb + (int64_t)ids[t] * D;
+    for (int64_t i = 0; i < D; ++i) e[i] += c.embed_scale * dx0[t * D + i];
+    if (c.learned_pos)
+      for (int64_t i = 0; i < D; ++i) g.pos_emb[t * D + i] += dx0[t * D + i];
+  }
 }
 
 void check_grads(const std::vector<std::vector<float>>* grads, const std::vector<int64_t>& sizes, const char* what) {
@@ -187,14 +220,15 @@ LossGrad train_loss_and_grad(const Model& m, const TrainableSet& ts, const Train
       if (adapter && adapter->adapts(l, p)) return true;
     return false;
   };
+  if (ts.model_grads) check_model_grads(m, *ts.model_grads);
   // Layers below the lowest trained part need no backward pass.
-  int64_t first = NL;
-  for (int64_t l = 0; l < NL; ++l)
+  int64_t first = ts.model_grads ? 0 : NL;
+  for (int64_t l = 0; l < first; ++l)
     if (plan.at(l).trains_parameters() || (ts.lora_grads && adapted(l))) {
       first = l;
       break;
     }
-  const bool need_grad = (ts.router_grads || ts.lora_grads) && first < NL;
+  const bool need_grad = (ts.router_grads || ts.lora_grads || ts.model_grads) && first < NL;
   const int64_t G = ts.routers ? ts.routers->settings.groups : 0;
   const bool recompute = opt.force_recompute >= 0
                              ? opt.force_recompute == 1
@@ -223,7 +257,8 @@ LossGrad train_loss_and_grad(const Model& m, const TrainableSet& ts, const Train
 
   LossGrad res;
   std::vector<float> dx(need_grad ? T * D : 0);
-  res.loss_sum = head_loss(m, xs[NL].data(), w, loss_scale, need_grad ? dx.data() : nullptr, &res.scored);
+  res.loss_sum =
+      head_loss(m, xs[NL].data(), w, loss_scale, need_grad ? dx.data() : nullptr, &res.scored, ts.model_grads);
   if (!need_grad) return res;
 
   BlockGradScratch S;
@@ -235,10 +270,12 @@ LossGrad train_loss_and_grad(const Model& m, const TrainableSet& ts, const Train
     } else {
       A = &kept[l];
     }
-    block_backward(m, plan.at(l), l, T, xs[l].data(), *A, adapter.get(), dx.data(), S);
+    block_backward(m, plan.at(l), l, T, xs[l].data(), *A, adapter.get(), dx.data(), S,
+                   ts.model_grads ? &ts.model_grads->layers[l] : nullptr);
     if (!recompute) kept[l] = BlockActs();
     std::vector<float>().swap(xs[l + 1]);
   }
+  if (ts.model_grads) embed_backward(m, w.ids, T, dx.data(), *ts.model_grads);
   return res;
 }
 

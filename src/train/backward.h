@@ -1,6 +1,7 @@
 // Training through a frozen transformer: the loss of one window and the gradient of the small
 // trainable parts, Focus routers and/or LoRA adapters on the attention projections (lora.h).
-// Only activation gradients flow through the frozen weights (no gradient buffers for them).
+// Only activation gradients flow through frozen weights; training from scratch (ModelGrads) also
+// accumulates the gradients of every weight of the model.
 // Every architecture of forward() is covered (Llama family with GQA, Gemma 3 with its
 // sliding-window layers, QK norms and extra norms, GPT-2).
 //
@@ -17,6 +18,7 @@
 #include "focus/focus_attention.h"
 #include "focus/focus_model.h"
 #include "focus/router.h"
+#include "model/block.h"
 #include "model/model.h"
 #include "train/lora.h"
 
@@ -42,6 +44,17 @@ struct BackwardOptions {
   int force_recompute = -1;  // -1: decide by the budget; 0: keep; 1: recompute
 };
 
+// Where the gradients of the model's own weights accumulate (training from scratch): every
+// pointer set, laid out like ModelWeights (lm_head == tok_emb when the output is tied). The model's
+// matrices must then be float32.
+struct ModelGrads {
+  float* tok_emb = nullptr;
+  float* pos_emb = nullptr;
+  float* out_norm = nullptr;  float* out_norm_b = nullptr;
+  float* lm_head = nullptr;
+  std::vector<LayerGrads> layers;
+};
+
 // What one loss-and-gradient call runs and trains. Either part may be absent: no routers is
 // plain causal attention everywhere, no adapters the frozen projections. A part whose gradient
 // buffers are null is applied in the forward pass but not trained.
@@ -51,6 +64,7 @@ struct TrainableSet {
   RouterAuxHook router_hook = nullptr;
   const LoraAdapters* lora = nullptr;
   std::vector<std::vector<float>>* lora_grads = nullptr;    // per adapter matrix (lora->mats)
+  const ModelGrads* model_grads = nullptr;                  // the model's weights, when trained
 };
 
 // Loss L = loss_scale * sum_t -log p(targets[t] | ids[0..t]) with Focus soft attention on router

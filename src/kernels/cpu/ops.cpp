@@ -53,6 +53,29 @@ void linear_backward_input(const float* dy, const float* W, float* dx, int64_t M
               accumulate ? 1.0f : 0.0f, dx, (int)K);
 }
 
+// Row sums over [rows, dim] into a per-column accumulator, split over columns so threads never
+// share an output element: acc[i] += sum_r f(r, i).
+template <class F>
+static void column_sums(int64_t rows, int64_t dim, float* acc, F f) {
+#pragma omp parallel for schedule(static) if (rows * dim > 65536)
+  for (int64_t i0 = 0; i0 < dim; i0 += 16) {
+    const int64_t i1 = std::min(dim, i0 + 16);
+    double s[16] = {0};
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t i = i0; i < i1; ++i) s[i - i0] += f(r, i);
+    for (int64_t i = i0; i < i1; ++i) acc[i] += (float)s[i - i0];
+  }
+}
+
+void linear_backward_weight(const float* dy, const float* x, float* dW, float* db, int64_t M, int64_t K, int64_t N) {
+  {
+    GemmTimer timer(2.0 * M * N * K);
+    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)N, (int)K, (int)M, 1.0f, dy, (int)N, x, (int)K, 1.0f, dW,
+                (int)K);
+  }
+  if (db) column_sums(M, N, db, [&](int64_t r, int64_t i) { return (double)dy[r * N + i]; });
+}
+
 namespace {
 
 void check_shape(const Weight& W, int64_t K, int64_t N) {
@@ -149,6 +172,36 @@ void rmsnorm_backward(const float* x, const float* w, const float* dy, float* dx
       o[i] = accumulate ? o[i] + v : v;
     }
   }
+}
+
+void rmsnorm_backward_weight(const float* x, const float* dy, float* dw, int64_t rows, int64_t dim, float eps) {
+  std::vector<float> inv(rows);
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* xr = x + r * dim;
+    double ss = 0;
+    for (int64_t i = 0; i < dim; ++i) ss += (double)xr[i] * xr[i];
+    inv[r] = (float)(1.0 / std::sqrt(ss / dim + eps));
+  }
+  column_sums(rows, dim, dw, [&](int64_t r, int64_t i) { return (double)dy[r * dim + i] * x[r * dim + i] * inv[r]; });
+}
+
+void layernorm_backward_weight(const float* x, const float* dy, float* dw, float* db, int64_t rows, int64_t dim,
+                               float eps) {
+  std::vector<float> mean(rows), inv(rows);
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* xr = x + r * dim;
+    double s = 0;
+    for (int64_t i = 0; i < dim; ++i) s += xr[i];
+    const double mu = s / dim;
+    double v = 0;
+    for (int64_t i = 0; i < dim; ++i) v += (xr[i] - mu) * (xr[i] - mu);
+    mean[r] = (float)mu;
+    inv[r] = (float)(1.0 / std::sqrt(v / dim + eps));
+  }
+  column_sums(rows, dim, dw, [&](int64_t r, int64_t i) {
+    return (double)dy[r * dim + i] * (x[r * dim + i] - mean[r]) * inv[r];
+  });
+  if (db) column_sums(rows, dim, db, [&](int64_t r, int64_t i) { return (double)dy[r * dim + i]; });
 }
 
 void layernorm(const float* x, const float* w, const float* b, float* out, int64_t rows, int64_t dim, float eps) {

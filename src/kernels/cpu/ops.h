@@ -57,6 +57,16 @@ void linear_backward_input(const float* dy, const float* W, float* dx, int64_t M
 void linear_backward_input(const float* dy, const Weight& W, float* dx, int64_t M, int64_t K, int64_t N,
                            bool accumulate);
 
+// Parameter gradients of y[M, N] = x[M, K] W[N, K]^T + b: dW[N, K] += dy^T x and, when db is not
+// null, db[N] += the column sums of dy.
+void linear_backward_weight(const float* dy, const float* x, float* dW, float* db, int64_t M, int64_t K, int64_t N);
+// dw[dim] += sum over rows of dy * x r (the normalised input), for y = rmsnorm(x) * w.
+void rmsnorm_backward_weight(const float* x, const float* dy, float* dw, int64_t rows, int64_t dim, float eps);
+// dw[dim] += sum of dy * xhat and, when db is not null, db[dim] += sum of dy, for
+// y = layernorm(x) * w + b.
+void layernorm_backward_weight(const float* x, const float* dy, float* dw, float* db, int64_t rows, int64_t dim,
+                               float eps);
+
 // For y = rmsnorm(x) * w (w may be null): dx (+)= dL/dx given dy. x is the norm's input.
 void rmsnorm_backward(const float* x, const float* w, const float* dy, float* dx, int64_t rows, int64_t dim,
                       float eps, bool accumulate);

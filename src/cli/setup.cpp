@@ -158,6 +158,11 @@ Loaded ModelSetup::load() const {
 
 void add_train_options(CLI::App* app, TrainOptions& o, ModelSetup& s, const std::string& what) {
   s.add_model(app);
+  add_train_loop_options(app, o, what);
+  s.add_json(app);
+}
+
+void add_train_loop_options(CLI::App* app, TrainOptions& o, const std::string& what) {
   app->add_option("--train", o.train, "training text files (each file is a document)")->required();
   app->add_option("--valid", o.valid, "validation text files (never the same documents)")->required();
   app->add_option("--ctx", o.ctx, "window length in tokens");
@@ -173,7 +178,6 @@ void add_train_options(CLI::App* app, TrainOptions& o, ModelSetup& s, const std:
   app->add_option("--out", o.out, "output folder")->required();
   app->add_flag("--resume", o.resume, "continue from the checkpoint in --out");
   app->add_option("--stop-after", o.stop_after, "end this run after N steps with a checkpoint (resume later)");
-  s.add_json(app);
 }
 
 }  // namespace focus::cli

@@ -89,6 +89,8 @@ struct ModelSetup {
 // The flags every trainer shares (model, data, schedule, checkpoints, output, --json); `what`
 // names the trained parameters in the --seed help.
 void add_train_options(CLI::App* app, TrainOptions& o, ModelSetup& s, const std::string& what);
+// The same without the model flags and --json (training from scratch has no model to load).
+void add_train_loop_options(CLI::App* app, TrainOptions& o, const std::string& what);
 
 // The subcommands (one file each).
 Command add_info(CLI::App& app);
@@ -98,6 +100,7 @@ Command add_tokenize(CLI::App& app);
 Command add_prepare(CLI::App& app);
 Command add_retrofit(CLI::App& app);
 Command add_lora(CLI::App& app);
+Command add_train(CLI::App& app);
 Command add_groups(CLI::App& app);
 Command add_bench_tasks(CLI::App& app);
 Command add_bench(CLI::App& app);

@@ -14,7 +14,7 @@ float lr_schedule(float lr, int64_t step, int64_t total, int64_t warmup, float m
 }
 
 double adamw_step(const AdamWConfig& c, float lr, std::vector<std::vector<float>*>& params,
-                  const std::vector<std::vector<float>>& grads, AdamWState& st) {
+                  const std::vector<std::vector<float>>& grads, AdamWState& st, const std::vector<bool>* decay) {
   FOCUS_CHECK(params.size() == grads.size(), "adamw: ", params.size(), " parameter blocks but ", grads.size(),
               " gradient blocks");
   if (st.m.size() != params.size()) {
@@ -25,6 +25,8 @@ double adamw_step(const AdamWConfig& c, float lr, std::vector<std::vector<float>
       st.v[b].assign(params[b]->size(), 0.f);
     }
   }
+  FOCUS_CHECK(!decay || decay->empty() || decay->size() == params.size(), "adamw: ", decay ? decay->size() : 0,
+              " weight-decay flags for ", params.size(), " parameter blocks");
   double sq = 0;
   for (const auto& g : grads)
     for (float x : g) sq += (double)x * x;
@@ -41,12 +43,13 @@ double adamw_step(const AdamWConfig& c, float lr, std::vector<std::vector<float>
                 " gradients");
     float* m = st.m[b].data();
     float* v = st.v[b].data();
+    const float wd = (decay && !decay->empty() && !(*decay)[b]) ? 0.f : c.weight_decay;
     for (size_t i = 0; i < p.size(); ++i) {
       const float gi = g[i] * clip;
       m[i] = c.beta1 * m[i] + (1 - c.beta1) * gi;
       v[i] = c.beta2 * v[i] + (1 - c.beta2) * gi * gi;
       const double mh = m[i] / bc1, vh = v[i] / bc2;
-      p[i] -= (float)(lr * (mh / (std::sqrt(vh) + c.eps) + c.weight_decay * p[i]));
+      p[i] -= (float)(lr * (mh / (std::sqrt(vh) + c.eps) + wd * p[i]));
     }
   }
   return norm;

@@ -22,8 +22,9 @@ struct AdamWState {
 };
 
 // One update of every block params[b] with grads[b] (grads are read, not cleared). Returns the
-// gradient norm before clipping.
+// gradient norm before clipping. decay (optional, per block): whether weight decay applies to it.
 double adamw_step(const AdamWConfig& c, float lr, std::vector<std::vector<float>*>& params,
-                  const std::vector<std::vector<float>>& grads, AdamWState& st);
+                  const std::vector<std::vector<float>>& grads, AdamWState& st,
+                  const std::vector<bool>* decay = nullptr);
 
 }  // namespace focus

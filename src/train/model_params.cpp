@@ -215,10 +215,18 @@ void bind_model(const ModelParams& p, Model& m) {
 ModelGrads bind_grads(const ModelParams& p, std::vector<std::vector<float>>& grads) {
   grads.resize(p.data.size());
   for (size_t i = 0; i < p.data.size(); ++i) grads[i].assign(p.data[i].size(), 0.f);
+  return grad_views(p, grads);
+}
+
+ModelGrads grad_views(const ModelParams& p, std::vector<std::vector<float>>& grads, size_t offset) {
+  FOCUS_CHECK(grads.size() >= offset + p.data.size(), "model gradients: ", grads.size() - std::min(offset, grads.size()),
+              " buffers for ", p.data.size(), " tensors");
   ModelGrads g;
   g.layers.resize(p.cfg.layers);
   for_each(p, [&](const Entry& e, size_t i) {
-    float* d = grads[i].data();
+    FOCUS_CHECK(grads[offset + i].size() == p.data[i].size(), "model gradients: the buffer of ", e.t.name,
+                " has the wrong size");
+    float* d = grads[offset + i].data();
     LayerGrads* L = e.layer >= 0 ? &g.layers[e.layer] : nullptr;
     switch (e.slot) {
       case Slot::TokEmb: g.tok_emb = d; break;

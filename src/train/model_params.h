@@ -45,7 +45,9 @@ ModelParams init_model_params(const ModelConfig& c, uint64_t seed);
 // Points m's config and weights at p (p must outlive m and keep its buffers in place).
 void bind_model(const ModelParams& p, Model& m);
 
-// Gradient buffers laid out like p.data (sized and zeroed here) and the ModelGrads over them.
+// The ModelGrads over buffers grads[offset + i] laid out like p.data[i] (sizes checked).
+ModelGrads grad_views(const ModelParams& p, std::vector<std::vector<float>>& grads, size_t offset = 0);
+// Gradient buffers laid out like p.data, sized and zeroed here, and the ModelGrads over them.
 ModelGrads bind_grads(const ModelParams& p, std::vector<std::vector<float>>& grads);
 
 // DIR/model.safetensors and DIR/config.json in the Hugging Face layout of the architecture (model

@@ -167,6 +167,18 @@ ValidResult validate(const Model& m, const FocusRouters& f, const std::vector<st
   return v;
 }
 
+RouterAuxHook swav_balance_hook(const FocusRouters& f, float scale, double* loss_sum, int64_t* terms) {
+  return [&f, scale, loss_sum, terms](int64_t r, const RouterCache& rc, float* ds) {
+    const int64_t n = rc.n, G = f.settings.groups;
+    std::vector<float> q(n * G);
+    sinkhorn_forward(rc.s.data(), n, G, 1.0f, 3, q.data());
+    const float* bias = f.routers[r].bias.data();
+    *loss_sum += swav_loss_forward(rc.s.data(), bias, q.data(), n, G);
+    ++*terms;
+    swav_loss_backward(rc.s.data(), bias, q.data(), n, G, scale, ds);
+  };
+}
+
 RetrofitResult run_retrofit(const Model& m, const RetrofitOptions& o) {
   const TrainData d = prepare_train_data(m, o, "retrofit");
   check_memory("retrofit at ctx " + std::to_string(o.ctx), training_memory(m.cfg, o.ctx, o.focus.groups, 0),
@@ -197,15 +209,7 @@ RetrofitResult run_retrofit(const Model& m, const RetrofitOptions& o) {
   int64_t swav_terms = 0;
   RouterAuxHook hook = nullptr;
   if (o.balance == Balance::Swav)
-    hook = [&](int64_t r, const RouterCache& rc, float* ds) {
-      const int64_t n = rc.n, G = f.settings.groups;
-      std::vector<float> q(n * G);
-      sinkhorn_forward(rc.s.data(), n, G, 1.0f, 3, q.data());
-      const float* bias = f.routers[r].bias.data();
-      swav_sum += swav_loss_forward(rc.s.data(), bias, q.data(), n, G);
-      ++swav_terms;
-      swav_loss_backward(rc.s.data(), bias, q.data(), n, G, swav_scale, ds);
-    };
+    hook = swav_balance_hook(f, swav_scale, &swav_sum, &swav_terms);
   else if (o.balance == Balance::Bias)
     hook = [&](int64_t r, const RouterCache& rc, float*) { balancers[r].observe_soft(rc.p.data(), rc.n); };
 

@@ -56,4 +56,10 @@ ValidResult validate(const Model& m, const FocusRouters& f, const std::vector<st
 
 RetrofitResult run_retrofit(const Model& m, const RetrofitOptions& o);
 
+// Balancing by the SwAV loss inside the backward pass: targets from Sinkhorn over the window's
+// router scores (no gradient), cross-entropy against p, its gradient (times scale) added to the
+// scores' gradient; the loss values (before scale) are summed into *loss_sum, one term per
+// router and window into *terms. f and the counters must outlive the hook.
+RouterAuxHook swav_balance_hook(const FocusRouters& f, float scale, double* loss_sum, int64_t* terms);
+
 }  // namespace focus

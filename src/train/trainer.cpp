@@ -1,5 +1,6 @@
 #include "train/trainer.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
@@ -146,7 +147,9 @@ Checkpoint load_checkpoint(const std::string& path, TrainTask& task, AdamWState&
       return v;
     };
     const size_t n = task.params[b]->size();
-    *task.params[b] = get("params", n);
+    // Into the block's own buffer: a task may hold views of it (a model's weights).
+    const std::vector<float> v = get("params", n);
+    std::copy(v.begin(), v.end(), task.params[b]->begin());
     if (st.t > 0) {
       st.m[b] = get("adam_m", n);
       st.v[b] = get("adam_v", n);
@@ -244,7 +247,7 @@ TrainLoopResult run_train_loop(const TrainOptions& o, const TrainData& d, TrainT
       loss += task.loss_and_grad(tw, loss_scale, grads);
     }
     const float lr = lr_schedule(o.adam.lr, step, o.steps, o.warmup);
-    const double gnorm = adamw_step(o.adam, lr, task.params, grads, st);
+    const double gnorm = adamw_step(o.adam, lr, task.params, grads, st, &task.decay);
     if (task.after_step) task.after_step();
     ++step;
     ck.step = step;

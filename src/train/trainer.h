@@ -59,10 +59,13 @@ enum class ValidPhase { Initial, Periodic, Final };
 struct TrainTask {
   std::string name;         // "retrofit", "lora": progress label, log prefix, error prefix
   nlohmann::json identity;  // the settings a checkpoint must share with the run that resumes it
-  // The trainable blocks (updated in place by AdamW) and the checkpoint tensor prefix of each:
+  // The trainable blocks (updated in place by AdamW, and by a resume, so views of their buffers stay
+  // valid) and the checkpoint tensor prefix of each:
   // block b is stored as block_names[b] + "params" / "adam_m" / "adam_v".
   std::vector<std::vector<float>*> params;
   std::vector<std::string> block_names;
+  // Optional, per block: whether AdamW's weight decay applies (empty: to every block).
+  std::vector<bool> decay;
   // Loss sum of one window; accumulates loss_scale * d(loss sum)/dparams into grads (one buffer
   // per block, sized like it).
   std::function<double(const TrainWindow& w, float loss_scale, std::vector<std::vector<float>>& grads)> loss_and_grad;

@@ -1,0 +1,114 @@
+// focus train: a model trained from scratch learns, is saved as a folder that load_model reads
+// back to the perplexity the trainer reported, resumes to the same bits, and prints its result.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+
+#include "core/mapped_file.h"
+#include "eval/perplexity.h"
+#include "test_util.h"
+#include "train/data.h"
+#include "train/pretrain.h"
+
+namespace focus {
+namespace {
+
+namespace fs = std::filesystem;
+using test::book;
+
+PretrainOptions small_run(const std::string& name, const std::string& arch, const std::string& attention) {
+  PretrainOptions o = test::small_training_run<PretrainOptions>((fs::temp_directory_path() / name).string());
+  o.tokenizer = test::tok512();
+  o.arch = arch;
+  o.attention = attention;
+  o.ctx = 64;
+  o.steps = 8;
+  o.batch = 2;
+  o.warmup = 2;
+  o.adam.lr = 3e-3f;
+  o.valid_windows = 4;
+  o.focus.local_window = 16;
+  o.focus.groups = 4;
+  o.focus.topk = 1;
+  return o;
+}
+
+TEST(TrainScratch, LearnsAndTheSavedModelScoresWhatTheTrainerReported) {
+  FOCUS_NEED_FILE(test::tok512());
+  const PretrainOptions o = small_run("focus_train_learns", "gqa", "dense");
+  const PretrainResult r = run_pretrain(o);
+  EXPECT_EQ(r.steps, 8);
+  EXPECT_EQ(r.train_tokens, 8 * 2 * 63);
+  EXPECT_LT(r.valid_ppl, 0.6 * r.valid_ppl_initial) << "training lowered the validation perplexity";
+  // The saved folder, loaded like any model, on the trainer's validation windows.
+  const auto m = load_model(r.model_dir);
+  const auto docs = tokenize_docs(*m->tok, o.valid);
+  double nll = 0;
+  int64_t tokens = 0;
+  for (const WindowRef& ref : validation_windows(docs, o.ctx, m->tok->bos(), o.valid_windows)) {
+    const Window w = make_window(docs, ref, o.ctx, m->tok->bos());
+    int64_t n = 0;
+    nll += window_nll(*m, w.ids, w.targets, nullptr, nullptr, &n);
+    tokens += n;
+  }
+  EXPECT_EQ(tokens, r.valid_tokens);
+  EXPECT_NEAR(std::exp(nll / tokens), r.valid_ppl, 1e-4 * r.valid_ppl);
+}
+
+// An interrupted run resumed from its checkpoint ends with the bits of an uninterrupted one, for
+// dense attention and for routers trained jointly with SwAV balancing, on two architectures.
+TEST(TrainScratch, ResumeGivesTheBitsOfAnUninterruptedRun) {
+  FOCUS_NEED_FILE(test::tok512());
+  for (auto [arch, attention] : {std::pair<const char*, const char*>{"mqa", "dense"}, {"local-global", "focus"}}) {
+    PretrainOptions a = small_run("focus_train_whole", arch, attention);
+    a.balance = "swav";
+    a.steps = 6;
+    const PretrainResult ra = run_pretrain(a);
+    PretrainOptions b = small_run("focus_train_parts", arch, attention);
+    b.balance = "swav";
+    b.steps = 6;
+    b.stop_after = 3;
+    EXPECT_TRUE(run_pretrain(b).interrupted);
+    b.stop_after = 0;
+    b.resume = true;
+    const PretrainResult rb = run_pretrain(b);
+    EXPECT_EQ(rb.steps, 6);
+    EXPECT_TRUE(read_file(ra.model_dir + "/model.safetensors") == read_file(rb.model_dir + "/model.safetensors"))
+        << arch << " " << attention;
+    EXPECT_EQ(ra.valid_ppl, rb.valid_ppl);
+    if (std::string(attention) == "focus") {
+      EXPECT_TRUE(read_file(ra.routers_dir + "/router.safetensors") == read_file(rb.routers_dir + "/router.safetensors"));
+      EXPECT_GT(ra.valid_ppl_hard, 0);
+    }
+  }
+}
+
+TEST(TrainScratch, CommandLineReportsJson) {
+  FOCUS_NEED_FILE(test::tok512());
+  const std::string out = (fs::temp_directory_path() / "focus_train_cli").string();
+  const test::BinRun r = test::run_focus(
+      "-t 1 train --arch mha --attention focus --window 16 --groups 4 --tokenizer " + test::tok512() + " --train " +
+      book("pg-345-dracula.txt") + " --valid " + book("pg-1342-pride-and-prejudice.txt") +
+      " --ctx 64 --steps 3 --batch 2 --valid-windows 2 --out " + out + " --json");
+  ASSERT_EQ(r.code, 0) << r.err;
+  const auto j = nlohmann::json::parse(r.out.substr(r.out.rfind('{')));
+  for (const char* k : {"valid_ppl", "valid_ppl_hard", "train_tokens", "tokens_per_s", "steps", "params"})
+    EXPECT_TRUE(j.contains(k)) << k;
+  EXPECT_EQ(j["steps"], 3);
+  const test::BinRun e = test::run_focus("-t 1 eval --model " + out + "/model --focus " + out +
+                                             "/routers --mode hard --text " + book("pg-1342-pride-and-prejudice.txt") +
+                                             " --ctx 64 --max-tokens 256 --json",
+                                         "eval");
+  EXPECT_EQ(e.code, 0) << e.err;
+  const test::BinRun bad = test::run_focus("-t 1 train --arch mla2 --tokenizer " + test::tok512() + " --train " +
+                                               book("pg-345-dracula.txt") + " --valid " +
+                                               book("pg-1342-pride-and-prejudice.txt") + " --out " + out,
+                                           "bad");
+  EXPECT_EQ(bad.code, 1);
+  EXPECT_NE(bad.err.find("unknown --arch 'mla2'"), std::string::npos) << bad.err;
+}
+
+}  // namespace
+}  // namespace focus

@@ -164,6 +164,78 @@ TEST_P(FullModelGrad, SavedModelLoadsBackAsTheSameModel) {
   EXPECT_LT(test::max_abs_diff(h0, h1), 1e-5);
 }
 
+// GPT-2's own parameters (layer norms with biases, projection biases, learned positions), on the
+// tiny random model of test_models.h: every weight is a buffer of m.w.storage, so each pointer of
+// the model is matched to its buffer and gets a gradient buffer of the same size.
+TEST(FullModelGradGpt2, BiasesLayerNormsAndPositionsMatchFiniteDifferences) {
+  auto m = test::random_model(Arch::GPT2, 21);
+  std::vector<std::vector<float>> g(m->w.storage.size());
+  for (size_t i = 0; i < g.size(); ++i) g[i].assign(m->w.storage[i].size(), 0.f);
+  auto grad_of = [&](const void* p) -> float* {
+    for (size_t i = 0; i < g.size(); ++i)
+      if (m->w.storage[i].data() == p) return g[i].data();
+    ADD_FAILURE() << "a weight outside the model's storage";
+    return nullptr;
+  };
+  ModelGrads mg;
+  mg.tok_emb = mg.lm_head = grad_of(m->w.tok_emb.data);
+  mg.pos_emb = grad_of(m->w.pos_emb);
+  mg.out_norm = grad_of(m->w.out_norm);
+  mg.out_norm_b = grad_of(m->w.out_norm_b);
+  for (const LayerWeights& L : m->w.layers) {
+    LayerGrads G;
+    G.attn_norm = grad_of(L.attn_norm);
+    G.attn_norm_b = grad_of(L.attn_norm_b);
+    G.wq = grad_of(L.wq.data);
+    G.wk = grad_of(L.wk.data);
+    G.wv = grad_of(L.wv.data);
+    G.wo = grad_of(L.wo.data);
+    G.bq = grad_of(L.bq);
+    G.bk = grad_of(L.bk);
+    G.bv = grad_of(L.bv);
+    G.bo = grad_of(L.bo);
+    G.ffn_norm = grad_of(L.ffn_norm);
+    G.ffn_norm_b = grad_of(L.ffn_norm_b);
+    G.w_up = grad_of(L.w_up.data);
+    G.b_up = grad_of(L.b_up);
+    G.w_down = grad_of(L.w_down.data);
+    G.b_down = grad_of(L.b_down);
+    mg.layers.push_back(G);
+  }
+  const int64_t T = 11;
+  const test::Win win = test::window_of(T, m->cfg.vocab, 5);
+  const TrainWindow w{win.ids.data(), T, win.targets.data()};
+  TrainableSet ts;
+  ts.model_grads = &mg;
+  train_loss_and_grad(*m, ts, w, 1.f / (T - 2));
+  for (size_t k = 0; k < g.size(); ++k) {
+    double gn = 0;
+    for (float x : g[k]) gn += (double)x * x;
+    gn = std::sqrt(gn);
+    std::vector<float>& buf = m->w.storage[k];
+    const std::vector<float> orig = buf;
+    if (gn < 1e-5) {
+      // Only the key bias: it adds q.b_k to every score of a query, which the softmax ignores.
+      // Its gradient is zero because the loss does not depend on it.
+      const double l0 = train_loss(*m, TrainableSet{}, w);
+      for (size_t i = 0; i < buf.size(); ++i) buf[i] = orig[i] + 0.1f * (float)((i % 3) + 1);
+      EXPECT_NEAR(train_loss(*m, TrainableSet{}, w), l0, 1e-4) << "buffer " << k << ": zero gradient, yet it matters";
+      buf = orig;
+      EXPECT_TRUE(std::any_of(m->w.layers.begin(), m->w.layers.end(),
+                              [&](const LayerWeights& L) { return L.bk == buf.data(); }))
+          << "buffer " << k << ": no gradient reached it";
+      continue;
+    }
+    auto along = [&](double t) {
+      for (size_t i = 0; i < buf.size(); ++i) buf[i] = orig[i] + (float)(t * g[k][i] / gn);
+      const double l = train_loss(*m, TrainableSet{}, w) / (T - 2);
+      buf = orig;
+      return l;
+    };
+    EXPECT_NEAR(derivative(along), gn, 3e-3 * gn + 3e-4) << "buffer " << k << " of " << g.size();
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Archs, FullModelGrad, ::testing::Values("mha", "gqa", "mqa", "local-global"),
                          [](const auto& info) {
                            std::string n = info.param;

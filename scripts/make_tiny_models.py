@@ -14,6 +14,10 @@ Creates
                         sqrt(hidden), 5 sliding (window 8, rope 1e4) + 1 global (rope 1e6) layers,
                         head_dim != hidden/heads, query_pre_attn_scalar != head_dim, gated GELU
                         (tanh), post-attention/post-feedforward norms, tied output; BF16.
+  OUT_DIR/deepseek-v2-tiny/  DeepSeek-V2: multi-head latent attention (q_proj, kv_a_proj_with_mqa,
+                        kv_a_layernorm, kv_b_proj; per head 12 + 8 RoPE query-key dims, 10 value
+                        dims, latent 16), RoPE on de-interleaved pairs, dense SwiGLU MLPs; F16.
+                        The reference runs the standard form (keys and values of every head).
 Each folder also holds reference_logits.json: {"ids": [...], "logits": [[vocab] per position],
 "nll": [...], "mean_nll": x}. The logits come from the weights exactly as stored (after rounding
 to the file's dtype). --f32 stores every model as F32. Output is deterministic (fixed seeds).
@@ -357,6 +361,80 @@ def gemma3_forward(cfg, w, ids):
 
 
 # ----------------------------------------------------------------------------------------------
+# DeepSeek-V2 (multi-head latent attention, dense MLPs)
+# ----------------------------------------------------------------------------------------------
+
+def make_deepseek_v2(dtype):
+    cfg = {
+        "architectures": ["DeepseekV2ForCausalLM"], "model_type": "deepseek_v2",
+        "vocab_size": 64, "hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 2,
+        "num_attention_heads": 4, "num_key_value_heads": 4, "q_lora_rank": None, "kv_lora_rank": 16,
+        "qk_nope_head_dim": 12, "qk_rope_head_dim": 8, "v_head_dim": 10,
+        "max_position_embeddings": 64, "rms_norm_eps": 1e-6, "rope_theta": 10000.0, "rope_scaling": None,
+        "n_routed_experts": None, "first_k_dense_replace": 2, "hidden_act": "silu",
+        "tie_word_embeddings": False, "attention_bias": False, "bos_token_id": 1, "eos_token_id": 2,
+    }
+    D, V, F = cfg["hidden_size"], cfg["vocab_size"], cfg["intermediate_size"]
+    H, C = cfg["num_attention_heads"], cfg["kv_lora_rank"]
+    N, R, Vd = cfg["qk_nope_head_dim"], cfg["qk_rope_head_dim"], cfg["v_head_dim"]
+    B = Builder(2468, dtype)
+    B.normal("model.embed_tokens.weight", (V, D), 0.5)
+    for i in range(cfg["num_hidden_layers"]):
+        p = f"model.layers.{i}."
+        B.around(p + "input_layernorm.weight", (D,), 1.0, 0.2)
+        B.normal(p + "self_attn.q_proj.weight", (H * (N + R), D), 0.25)
+        B.normal(p + "self_attn.kv_a_proj_with_mqa.weight", (C + R, D), 0.25)
+        B.around(p + "self_attn.kv_a_layernorm.weight", (C,), 1.0, 0.2)
+        B.normal(p + "self_attn.kv_b_proj.weight", (H * (N + Vd), C), 0.25)
+        B.normal(p + "self_attn.o_proj.weight", (D, H * Vd), 0.15)
+        B.around(p + "post_attention_layernorm.weight", (D,), 1.0, 0.2)
+        B.normal(p + "mlp.gate_proj.weight", (F, D), 0.2)
+        B.normal(p + "mlp.up_proj.weight", (F, D), 0.2)
+        B.normal(p + "mlp.down_proj.weight", (D, F), 0.15)
+    B.around("model.norm.weight", (D,), 1.0, 0.2)
+    B.normal("lm_head.weight", (V, D), 0.3)
+    return cfg, B
+
+
+def deinterleave(x):
+    """DeepSeek-V2's modeling code before rotate_half: [.., d] -> pairs (2i, 2i+1) split into halves."""
+    d = x.shape[-1]
+    return x.reshape(*x.shape[:-1], d // 2, 2).swapaxes(-1, -2).reshape(*x.shape[:-1], d)
+
+
+def deepseek_v2_forward(cfg, w, ids):
+    """The standard (not absorbed) form: keys and values of every head up from the latent."""
+    H, C = cfg["num_attention_heads"], cfg["kv_lora_rank"]
+    N, R, Vd = cfg["qk_nope_head_dim"], cfg["qk_rope_head_dim"], cfg["v_head_dim"]
+    eps, base = cfg["rms_norm_eps"], cfg["rope_theta"]
+    T = len(ids)
+    x = w["model.embed_tokens.weight"][ids]
+    for i in range(cfg["num_hidden_layers"]):
+        p = f"model.layers.{i}."
+        h = rms_norm(x, w[p + "input_layernorm.weight"], eps)
+        q = heads(h @ w[p + "self_attn.q_proj.weight"].T, H)              # [H, T, N + R]
+        q_nope, q_pe = q[..., :N], q[..., N:]
+        ckv = h @ w[p + "self_attn.kv_a_proj_with_mqa.weight"].T          # [T, C + R]
+        latent, k_pe = ckv[:, :C], ckv[:, C:]
+        kv = heads(rms_norm(latent, w[p + "self_attn.kv_a_layernorm.weight"], eps)
+                   @ w[p + "self_attn.kv_b_proj.weight"].T, H)            # [H, T, N + Vd]
+        k_nope, v = kv[..., :N], kv[..., N:]
+        q_pe = rope_half(deinterleave(q_pe), base)
+        k_pe = rope_half(deinterleave(k_pe[None, :, :]), base)            # one RoPE key for all heads
+        qh = np.concatenate([q_nope, q_pe], axis=-1)
+        kh = np.concatenate([k_nope, np.repeat(k_pe, H, axis=0)], axis=-1)
+        prob = softmax_causal(qh @ kh.transpose(0, 2, 1) / math.sqrt(N + R))
+        o = (prob @ v).transpose(1, 0, 2).reshape(T, H * Vd)
+        x = x + o @ w[p + "self_attn.o_proj.weight"].T
+        h = rms_norm(x, w[p + "post_attention_layernorm.weight"], eps)
+        g = h @ w[p + "mlp.gate_proj.weight"].T
+        u = h @ w[p + "mlp.up_proj.weight"].T
+        x = x + (g / (1.0 + np.exp(-g)) * u) @ w[p + "mlp.down_proj.weight"].T
+    x = rms_norm(x, w["model.norm.weight"], eps)
+    return x @ w["lm_head.weight"].T
+
+
+# ----------------------------------------------------------------------------------------------
 
 def write_reference(folder, ids, logits):
     logits = np.asarray(logits, dtype=np.float64)
@@ -379,6 +457,7 @@ MODELS = [
     ("gpt2-tiny", make_gpt2, gpt2_forward, "F32", 1),
     ("llama-tiny", make_llama, llama_forward, "F16", 2),
     ("gemma3-tiny", make_gemma3, gemma3_forward, "BF16", 1),
+    ("deepseek-v2-tiny", make_deepseek_v2, deepseek_v2_forward, "F16", 1),
 ]
 
 

@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/mapped_file.h"
+#include "eval/perplexity.h"
 #include "model/model.h"
 #include "test_util.h"
 
@@ -58,3 +59,35 @@ void check_model(const std::string& name, Arch arch) {
 TEST(HfSafetensors, Gpt2MatchesNumpyReference) { check_model("gpt2-tiny", Arch::GPT2); }
 TEST(HfSafetensors, LlamaShardedF16MatchesNumpyReference) { check_model("llama-tiny", Arch::Llama); }
 TEST(HfSafetensors, Gemma3Bf16MatchesNumpyReference) { check_model("gemma3-tiny", Arch::Gemma3); }
+TEST(HfSafetensors, DeepseekV2LatentAttentionMatchesNumpyReference) {
+  check_model("deepseek-v2-tiny", Arch::DeepseekV2);
+}
+
+// The latent KV cache: one row of RoPE key + latent per token and layer (no separate values), and
+// decoding token by token over it scores what the prefill scores, in float32 and half caches.
+TEST(HfSafetensors, DeepseekV2CacheHoldsTheLatentOnceAndDecodingMatchesPrefill) {
+  if (tiny_dir().empty()) {
+    if (test::require_data()) FAIL() << "python3 with numpy is needed to build the tiny reference models";
+    GTEST_SKIP() << "python3 with numpy unavailable";
+  }
+  auto m = load_model(tiny_dir() + "/deepseek-v2-tiny", LoadOptions{"", false});
+  const ModelConfig& c = m->cfg;
+  ASSERT_TRUE(c.mla());
+  EXPECT_EQ(c.kv_dim(), 8 + 16);
+  KVCache cache;
+  cache.init(c, 40);
+  EXPECT_EQ(cache.bytes(), c.layers * 40 * (8 + 16) * 4);
+  EXPECT_EQ(cache.bytes(), inference_memory(c, 40, 1, cpu::KvType::F32, 0).parts[0].second);
+  auto ref = nlohmann::json::parse(read_file(tiny_dir() + "/deepseek-v2-tiny/reference_logits.json"));
+  std::vector<int32_t> ids = ref["ids"].get<std::vector<int32_t>>();
+  ids.resize(40);
+  std::vector<int32_t> targets(ids.begin() + 1, ids.end());
+  targets.push_back(-1);
+  for (cpu::KvType kv : {cpu::KvType::F32, cpu::KvType::F16}) {
+    int64_t n1 = 0, n2 = 0;
+    const double prefill = window_nll(*m, ids, targets, nullptr, nullptr, &n1, kv);
+    const double decode = window_nll_decode(*m, ids, targets, nullptr, nullptr, &n2, kv);
+    EXPECT_EQ(n1, n2);
+    EXPECT_NEAR(decode, prefill, 1e-4 * std::abs(prefill)) << cpu::to_string(kv);
+  }
+}

@@ -1,7 +1,7 @@
 // Training from scratch: the gradient of every weight of the model (embeddings, norms, QK norms,
 // projections, MLP, output) against central differences of the float32 loss, on each attention
-// architecture the trainer builds (MHA, GQA, MQA, local/global); the saved folder loads back as the
-// same model.
+// architecture the trainer builds (MHA, GQA, MQA, local/global, MLA); the saved folder loads back
+// as the same model.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -12,6 +12,8 @@
 #include "model/model.h"
 #include "test_models.h"
 #include "test_util.h"
+#include "focus/focus_attention.h"
+#include "focus/focus_model.h"
 #include "train/backward.h"
 #include "train/model_params.h"
 
@@ -36,6 +38,15 @@ ModelParams tiny_params(const std::string& arch, uint64_t seed) {
   if (c.arch == Arch::Gemma3) {
     c.embed_scale = 4.f;
     c.layer_sliding_window = {5, 0};  // a window shorter than the test window, then global
+  }
+  if (c.mla()) {  // latent 8, per head 4 + 4 (RoPE) query-key dims and 6 value dims
+    c.mla_kv_rank = 8;
+    c.mla_nope = 4;
+    c.mla_rope = 4;
+    c.mla_v = 6;
+    c.kv_heads = 1;
+    c.head_dim = c.mla_rope + c.mla_kv_rank;
+    c.rope_dim = c.mla_rope;
   }
   ModelParams p = init_model_params(c, seed);
   Rng rng{seed + 17};
@@ -236,7 +247,38 @@ TEST(FullModelGradGpt2, BiasesLayerNormsAndPositionsMatchFiniteDifferences) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Archs, FullModelGrad, ::testing::Values("mha", "gqa", "mqa", "local-global"),
+// Zero degradation on every architecture: routers of any kind leave a context that fits in the
+// local window exactly as dense attention computes it; with one group, hard Focus is dense
+// attention beyond the window too (up to the kernels' rounding).
+TEST_P(FullModelGrad, FocusInsideTheWindowIsDenseAttention) {
+  const ModelParams p = tiny_params(GetParam(), 8);
+  Model m;
+  bind_model(p, m);
+  const test::Win win = test::window_of(24, p.cfg.vocab, 3);
+  const std::vector<float> dense = test::hidden_of(m, win.ids, nullptr);
+  for (FocusMode mode : {FocusMode::Soft, FocusMode::Hard}) {
+    FocusSettings s;
+    s.mode = mode;
+    s.local_window = 24;
+    s.groups = 4;
+    s.dg = 4;
+    const FocusRouters f = focus_init(p.cfg, s, 5);
+    ASSERT_FALSE(f.routers.empty());
+    const AttentionPlan plan = focus_plan(p.cfg, f);
+    const std::vector<float> h = test::hidden_of(m, win.ids, &plan);
+    EXPECT_TRUE(h == dense) << to_string(mode) << ": a context inside the window changed";
+  }
+  FocusSettings one;
+  one.mode = FocusMode::Hard;
+  one.local_window = 4;
+  one.groups = 1;
+  one.dg = 4;
+  const FocusRouters f = focus_init(p.cfg, one, 5);
+  const AttentionPlan plan = focus_plan(p.cfg, f);
+  EXPECT_LT(test::max_abs_diff(test::hidden_of(m, win.ids, &plan), dense), 1e-4) << "one group";
+}
+
+INSTANTIATE_TEST_SUITE_P(Archs, FullModelGrad, ::testing::Values("mha", "gqa", "mqa", "local-global", "mla"),
                          [](const auto& info) {
                            std::string n = info.param;
                            std::replace(n.begin(), n.end(), '-', '_');

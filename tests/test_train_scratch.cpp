@@ -61,7 +61,7 @@ TEST(TrainScratch, LearnsAndTheSavedModelScoresWhatTheTrainerReported) {
 // dense attention and for routers trained jointly with SwAV balancing, on two architectures.
 TEST(TrainScratch, ResumeGivesTheBitsOfAnUninterruptedRun) {
   FOCUS_NEED_FILE(test::tok512());
-  for (auto [arch, attention] : {std::pair<const char*, const char*>{"mqa", "dense"}, {"local-global", "focus"}}) {
+  for (auto [arch, attention] : {std::pair<const char*, const char*>{"mqa", "dense"}, {"local-global", "focus"}, {"mla", "focus"}}) {
     PretrainOptions a = small_run("focus_train_whole", arch, attention);
     a.balance = "swav";
     a.steps = 6;

@@ -1,6 +1,9 @@
 #include "model/block.h"
 
+#include <cblas.h>
+
 #include <algorithm>
+#include <cstring>
 
 #include "core/error.h"
 #include "kernels/cpu/ops.h"
@@ -60,6 +63,112 @@ AttentionCall train_call(const Model& m, int64_t layer, int64_t T, BlockActs& A)
   return call;
 }
 
+// ---- Multi-head latent attention (config.h), absorbed. Sizes: H heads, N / R query-key dims
+// without / with RoPE, C latent dims, V value dims; the attention's head_dim is R + C. Head h's
+// key up-projection W_uk is rows [h (N + V), h (N + V) + N) of w_kv_b ([N, C]), its value
+// up-projection W_uv the next V rows ([V, C]).
+struct MlaDims {
+  int64_t D, H, N, R, C, V, HD, QH;
+  explicit MlaDims(const ModelConfig& c)
+      : D(c.dim), H(c.heads), N(c.mla_nope), R(c.mla_rope), C(c.mla_kv_rank), V(c.mla_v), HD(c.head_dim),
+        QH(c.mla_nope + c.mla_rope) {}
+  const float* w_uk(const float* kvb, int64_t h) const { return kvb + h * (N + V) * C; }
+  const float* w_uv(const float* kvb, int64_t h) const { return kvb + (h * (N + V) + N) * C; }
+};
+
+const float* mla_kv_b(const LayerWeights& L) {
+  FOCUS_CHECK(L.w_kv_b.is_f32(), "MLA: the key/value up-projection must be float32");
+  return L.w_kv_b.f32_data();
+}
+
+// q [T, H HD] = per head [q_pe | q_nope W_uk], k [T, HD] = [k_pe | norm(latent)] (RoPE comes
+// after, on the first R dims of each row, as for any model); v gets k's rows (it may be k).
+void mla_project(const ModelConfig& c, const LayerWeights& L, const float* xn, int64_t T, BlockActs& A, float* q,
+                 float* k, float* v) {
+  const MlaDims d(c);
+  A.q_raw.resize(T * d.H * d.QH);
+  A.kv_a.resize(T * (d.C + d.R));
+  A.c_pre.resize(T * d.C);
+  cpu::linear(xn, L.wq, nullptr, A.q_raw.data(), T, d.D, d.H * d.QH);
+  cpu::linear(xn, L.wk, nullptr, A.kv_a.data(), T, d.D, d.C + d.R);
+  for (int64_t t = 0; t < T; ++t)
+    std::memcpy(A.c_pre.data() + t * d.C, A.kv_a.data() + t * (d.C + d.R), d.C * sizeof(float));
+  std::vector<float> cn(T * d.C);
+  cpu::rmsnorm(A.c_pre.data(), L.kv_a_norm, cn.data(), T, d.C, c.norm_eps);
+  for (int64_t t = 0; t < T; ++t) {
+    std::memcpy(k + t * d.HD, A.kv_a.data() + t * (d.C + d.R) + d.C, d.R * sizeof(float));
+    std::memcpy(k + t * d.HD + d.R, cn.data() + t * d.C, d.C * sizeof(float));
+  }
+  const float* kvb = mla_kv_b(L);
+  for (int64_t h = 0; h < d.H; ++h) {
+    for (int64_t t = 0; t < T; ++t)
+      std::memcpy(q + t * d.H * d.HD + h * d.HD, A.q_raw.data() + t * d.H * d.QH + h * d.QH + d.N, d.R * sizeof(float));
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)T, (int)d.C, (int)d.N, 1.f,
+                A.q_raw.data() + h * d.QH, (int)(d.H * d.QH), d.w_uk(kvb, h), (int)d.C, 0.f, q + h * d.HD + d.R,
+                (int)(d.H * d.HD));
+  }
+  if (v != k) std::memcpy(v, k, T * d.HD * sizeof(float));
+}
+
+// att_v [T, H V] = per head (the latent part of the attention output) W_uv^T.
+void mla_values(const ModelConfig& c, const LayerWeights& L, const float* att, int64_t T, float* att_v) {
+  const MlaDims d(c);
+  const float* kvb = mla_kv_b(L);
+  for (int64_t h = 0; h < d.H; ++h)
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)T, (int)d.V, (int)d.C, 1.f, att + h * d.HD + d.R,
+                (int)(d.H * d.HD), d.w_uv(kvb, h), (int)d.C, 0.f, att_v + h * d.V, (int)(d.H * d.V));
+}
+
+// Given datt_v: datt [T, H HD] (zero on the RoPE dims, which no value reads) and dW_uv.
+void mla_values_backward(const ModelConfig& c, const LayerWeights& L, const float* att, const float* datt_v, int64_t T,
+                         float* datt, float* g_kv_b) {
+  const MlaDims d(c);
+  const float* kvb = mla_kv_b(L);
+  std::fill(datt, datt + T * d.H * d.HD, 0.f);
+  for (int64_t h = 0; h < d.H; ++h) {
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)T, (int)d.C, (int)d.V, 1.f, datt_v + h * d.V,
+                (int)(d.H * d.V), d.w_uv(kvb, h), (int)d.C, 0.f, datt + h * d.HD + d.R, (int)(d.H * d.HD));
+    if (g_kv_b)
+      cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)d.V, (int)d.C, (int)T, 1.f, datt_v + h * d.V,
+                  (int)(d.H * d.V), att + h * d.HD + d.R, (int)(d.H * d.HD), 1.f,
+                  g_kv_b + (h * (d.N + d.V) + d.N) * d.C, (int)d.C);
+  }
+}
+
+// Given dq [T, H HD] and dk [T, HD] (after RoPE's backward): dxn (overwritten) and the gradients
+// of the query projection, the latent projection, its norm and W_uk.
+void mla_project_backward(const ModelConfig& c, const LayerWeights& L, const float* xn, const BlockActs& A,
+                          const float* dq, const float* dk, int64_t T, BlockGradScratch& S, float* dxn,
+                          const LayerGrads& G) {
+  const MlaDims d(c);
+  const float* kvb = mla_kv_b(L);
+  S.dq_raw.assign(T * d.H * d.QH, 0.f);
+  for (int64_t h = 0; h < d.H; ++h) {
+    for (int64_t t = 0; t < T; ++t)
+      std::memcpy(S.dq_raw.data() + t * d.H * d.QH + h * d.QH + d.N, dq + t * d.H * d.HD + h * d.HD, d.R * sizeof(float));
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)T, (int)d.N, (int)d.C, 1.f, dq + h * d.HD + d.R,
+                (int)(d.H * d.HD), d.w_uk(kvb, h), (int)d.C, 0.f, S.dq_raw.data() + h * d.QH, (int)(d.H * d.QH));
+    if (G.w_kv_b)
+      cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)d.N, (int)d.C, (int)T, 1.f, A.q_raw.data() + h * d.QH,
+                  (int)(d.H * d.QH), dq + h * d.HD + d.R, (int)(d.H * d.HD), 1.f, G.w_kv_b + h * (d.N + d.V) * d.C,
+                  (int)d.C);
+  }
+  S.dkv_a.resize(T * (d.C + d.R));
+  std::vector<float> dcn(T * d.C), dc(T * d.C);
+  for (int64_t t = 0; t < T; ++t) {
+    std::memcpy(S.dkv_a.data() + t * (d.C + d.R) + d.C, dk + t * d.HD, d.R * sizeof(float));
+    std::memcpy(dcn.data() + t * d.C, dk + t * d.HD + d.R, d.C * sizeof(float));
+  }
+  if (G.kv_a_norm) cpu::rmsnorm_backward_weight(A.c_pre.data(), dcn.data(), G.kv_a_norm, T, d.C, c.norm_eps);
+  cpu::rmsnorm_backward(A.c_pre.data(), L.kv_a_norm, dcn.data(), dc.data(), T, d.C, c.norm_eps, false);
+  for (int64_t t = 0; t < T; ++t)
+    std::memcpy(S.dkv_a.data() + t * (d.C + d.R), dc.data() + t * d.C, d.C * sizeof(float));
+  if (G.wq) cpu::linear_backward_weight(S.dq_raw.data(), xn, G.wq, nullptr, T, d.D, d.H * d.QH);
+  if (G.wk) cpu::linear_backward_weight(S.dkv_a.data(), xn, G.wk, nullptr, T, d.D, d.C + d.R);
+  cpu::linear_backward_input(S.dq_raw.data(), L.wq, dxn, T, d.D, d.H * d.QH, false);
+  cpu::linear_backward_input(S.dkv_a.data(), L.wk, dxn, T, d.D, d.C + d.R, true);
+}
+
 // The block, for inference (train false: attention through policy.attend, keys and values into
 // the cache rows of io, activations overwritten in place where the backward pass would need them)
 // and for training (train true: policy.train_forward, every activation kept in A).
@@ -91,12 +200,16 @@ void block_run(const Model& m, const AttentionPolicy& policy, const BlockIO& io,
 
   // Attention block.
   model_norm(c, io.x_in, L.attn_norm, L.attn_norm_b, A.xn1.data(), T);
-  cpu::linear(A.xn1.data(), L.wq, L.bq, A.q.data(), T, D, QD);
-  cpu::linear(A.xn1.data(), L.wk, L.bk, k, T, D, KD);
-  cpu::linear(A.xn1.data(), L.wv, L.bv, v, T, D, KD);
-  adapt(kProjQ, A.xn1.data(), A.q.data());
-  adapt(kProjK, A.xn1.data(), k);
-  adapt(kProjV, A.xn1.data(), v);
+  if (c.mla()) {
+    mla_project(c, L, A.xn1.data(), T, A, A.q.data(), k, v);
+  } else {
+    cpu::linear(A.xn1.data(), L.wq, L.bq, A.q.data(), T, D, QD);
+    cpu::linear(A.xn1.data(), L.wk, L.bk, k, T, D, KD);
+    cpu::linear(A.xn1.data(), L.wv, L.bv, v, T, D, KD);
+    adapt(kProjQ, A.xn1.data(), A.q.data());
+    adapt(kProjK, A.xn1.data(), k);
+    adapt(kProjV, A.xn1.data(), v);
+  }
   if (c.qk_norm) {
     const float* q_in = A.q.data();
     const float* k_in = k;
@@ -159,8 +272,14 @@ void block_run(const Model& m, const AttentionPolicy& policy, const BlockIO& io,
     A.a_pre.resize(T * D);
     a = A.a_pre.data();
   }
-  cpu::linear(A.att.data(), L.wo, L.bo, a, T, QD, D);
-  adapt(kProjO, A.att.data(), a);
+  const float* att = A.att.data();
+  if (c.mla()) {
+    A.att_v.resize(T * c.o_proj_dim());
+    mla_values(c, L, A.att.data(), T, A.att_v.data());
+    att = A.att_v.data();
+  }
+  cpu::linear(att, L.wo, L.bo, a, T, c.o_proj_dim(), D);
+  adapt(kProjO, att, a);
   if (c.post_norms) cpu::rmsnorm(A.a_pre.data(), L.post_attn_norm, A.h1.data(), T, D, c.norm_eps);
   cpu::add_inplace(A.h1.data(), io.x_in, T * D);
 
@@ -275,16 +394,26 @@ void block_backward(const Model& m, const AttentionPolicy& policy, int64_t l, in
 
   // Attention block: h1 = x_in + post(att Wo^T).
   const float* da = post_norm_backward(c, A.a_pre, L.post_attn_norm, dx, T, S.d1, G.post_attn_norm);
-  weight_back(da, A.att.data(), G.wo, G.bo, QD, D);
   S.datt.resize(T * QD);
-  cpu::linear_backward_input(da, L.wo, S.datt.data(), T, QD, D, false);
-  adapt_back(kProjO, A.att.data(), da, S.datt.data());
+  if (c.mla()) {
+    const int64_t OW = c.o_proj_dim();
+    weight_back(da, A.att_v.data(), G.wo, G.bo, OW, D);
+    S.datt_v.resize(T * OW);
+    cpu::linear_backward_input(da, L.wo, S.datt_v.data(), T, OW, D, false);
+    mla_values_backward(c, L, A.att.data(), S.datt_v.data(), T, S.datt.data(), G.w_kv_b);
+  } else {
+    weight_back(da, A.att.data(), G.wo, G.bo, QD, D);
+    cpu::linear_backward_input(da, L.wo, S.datt.data(), T, QD, D, false);
+    adapt_back(kProjO, A.att.data(), da, S.datt.data());
+  }
 
   const AttentionCall call = train_call(m, l, T, A);
   S.dq.assign(T * QD, 0.f);
   S.dk.assign(T * KD, 0.f);
   S.dv.assign(T * KD, 0.f);
   policy.train_backward(call, A.tape, S.datt.data(), S.dq.data(), S.dk.data(), S.dv.data());
+  if (c.shared_kv())  // the values were the keys' rows
+    for (int64_t i = 0; i < T * KD; ++i) S.dk[i] += S.dv[i];
   if (c.rope_dim > 0) {
     cpu::rope_backward(S.dq.data(), T, c.heads, c.head_dim, c.rope_dim, 0, rope_theta(c, l), c.rope_style);
     cpu::rope_backward(S.dk.data(), T, c.kv_heads, c.head_dim, c.rope_dim, 0, rope_theta(c, l), c.rope_style);
@@ -298,16 +427,20 @@ void block_backward(const Model& m, const AttentionPolicy& policy, int64_t l, in
     cpu::rmsnorm_backward(A.k_pre.data(), L.k_norm, S.dk.data(), S.dk.data(), T * c.kv_heads, c.head_dim,
                           c.norm_eps, false);
   }
-  weight_back(S.dq.data(), A.xn1.data(), G.wq, G.bq, D, QD);
-  weight_back(S.dk.data(), A.xn1.data(), G.wk, G.bk, D, KD);
-  weight_back(S.dv.data(), A.xn1.data(), G.wv, G.bv, D, KD);
   S.dxn.resize(T * D);
-  cpu::linear_backward_input(S.dq.data(), L.wq, S.dxn.data(), T, D, QD, false);
-  cpu::linear_backward_input(S.dk.data(), L.wk, S.dxn.data(), T, D, KD, true);
-  cpu::linear_backward_input(S.dv.data(), L.wv, S.dxn.data(), T, D, KD, true);
-  adapt_back(kProjQ, A.xn1.data(), S.dq.data(), S.dxn.data());
-  adapt_back(kProjK, A.xn1.data(), S.dk.data(), S.dxn.data());
-  adapt_back(kProjV, A.xn1.data(), S.dv.data(), S.dxn.data());
+  if (c.mla()) {
+    mla_project_backward(c, L, A.xn1.data(), A, S.dq.data(), S.dk.data(), T, S, S.dxn.data(), G);
+  } else {
+    weight_back(S.dq.data(), A.xn1.data(), G.wq, G.bq, D, QD);
+    weight_back(S.dk.data(), A.xn1.data(), G.wk, G.bk, D, KD);
+    weight_back(S.dv.data(), A.xn1.data(), G.wv, G.bv, D, KD);
+    cpu::linear_backward_input(S.dq.data(), L.wq, S.dxn.data(), T, D, QD, false);
+    cpu::linear_backward_input(S.dk.data(), L.wk, S.dxn.data(), T, D, KD, true);
+    cpu::linear_backward_input(S.dv.data(), L.wv, S.dxn.data(), T, D, KD, true);
+    adapt_back(kProjQ, A.xn1.data(), S.dq.data(), S.dxn.data());
+    adapt_back(kProjK, A.xn1.data(), S.dk.data(), S.dxn.data());
+    adapt_back(kProjV, A.xn1.data(), S.dv.data(), S.dxn.data());
+  }
   policy.train_backward_input(call, A.tape, S.dxn.data());
   // dx_in = dh1 + norm'(x_in) dxn1
   norm_back(x_in, S.dxn.data(), G.attn_norm, G.attn_norm_b);

@@ -44,6 +44,10 @@ struct BlockActs {
                                     // them written in place)
   std::vector<float> k_all, v_all;  // a 16-bit cache widened, for policies that read floats
   std::vector<float> att;           // attention output [T, q_dim]
+  std::vector<float> q_raw, kv_a;   // MLA: the query projection [T, q_proj_dim] and the latent +
+                                    // key RoPE part [T, kv_rank + rope] as projected
+  std::vector<float> c_pre;         // MLA: the latent before its norm [T, kv_rank]
+  std::vector<float> att_v;         // MLA: the heads' values out of the latent [T, o_proj_dim]
   AttentionTape tape;               // the policy's own (training)
   std::vector<float> a_pre;         // attention projection before the post-attention norm
   std::vector<float> h1;            // residual after the attention block [T, D]
@@ -99,11 +103,13 @@ struct LayerGrads {
   float* w_up = nullptr;  float* b_up = nullptr;
   float* w_down = nullptr;  float* b_down = nullptr;
   float* post_ffn_norm = nullptr;
+  float* kv_a_norm = nullptr;  float* w_kv_b = nullptr;  // MLA
 };
 
 // Scratch of the backward pass, reused across layers.
 struct BlockGradScratch {
   std::vector<float> d1, dact, dgate, dup, dxn, datt, dq, dk, dv;
+  std::vector<float> datt_v, dq_raw, dkv_a;  // MLA
 };
 
 // Given dx = dL/dx_out [T, D], the block's input x_in and its activations, replaces dx with

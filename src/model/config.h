@@ -9,7 +9,7 @@
 
 namespace focus {
 
-enum class Arch { Llama, Gemma3, GPT2 };
+enum class Arch { Llama, Gemma3, GPT2, DeepseekV2 };
 enum class NormKind { RMS, Layer };
 enum class MlpKind { SwiGLU, GeGLU, GELU };
 
@@ -34,9 +34,23 @@ struct ModelConfig {
   bool post_norms = false;    // norms on the attention / MLP outputs before the residual (Gemma 3)
   float embed_scale = 1.f;    // token embeddings are multiplied by this (Gemma: sqrt(dim))
   bool tied_output = true;
+  // Multi-head latent attention (DeepSeek-V2; mla_kv_rank > 0). Per head, the query and key have
+  // mla_nope dims without and mla_rope dims with RoPE (the key's RoPE part shared by the heads),
+  // the value mla_v dims; keys and values come up from one latent of mla_kv_rank dims per token.
+  // The engine runs it absorbed: each head's no-RoPE query is taken into the latent space through
+  // the key up-projection, so attention is multi-query over rows [k_pe | latent] of head_dim =
+  // mla_rope + mla_kv_rank (kv_heads 1, keys and values the same row: the KV cache holds the
+  // latent once), and each head's output goes back up through the value up-projection.
+  int64_t mla_kv_rank = 0, mla_nope = 0, mla_rope = 0, mla_v = 0;
 
-  int64_t q_dim() const { return heads * head_dim; }
+  bool mla() const { return mla_kv_rank > 0; }
+  int64_t q_dim() const { return heads * head_dim; }   // the attention's query row
   int64_t kv_dim() const { return kv_heads * head_dim; }
+  // Widths of the query projection's output and the output projection's input.
+  int64_t q_proj_dim() const { return mla() ? heads * (mla_nope + mla_rope) : q_dim(); }
+  int64_t o_proj_dim() const { return mla() ? heads * mla_v : q_dim(); }
+  // Keys and values share their cache rows (MLA).
+  bool shared_kv() const { return mla(); }
 };
 
 std::string to_string(Arch a);

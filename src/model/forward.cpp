@@ -17,26 +17,27 @@ void KVCache::init(const ModelConfig& c, int64_t cap, cpu::KvType t) {
   kv_dim = c.kv_dim();
   type = t;
   k.clear(), v.clear(), k16.clear(), v16.clear();
+  shared = c.shared_kv();
   if (t == cpu::KvType::F32) {
     k.assign(c.layers, std::vector<float>(cap * kv_dim));
-    v.assign(c.layers, std::vector<float>(cap * kv_dim));
+    if (!shared) v.assign(c.layers, std::vector<float>(cap * kv_dim));
   } else {
     k16.assign(c.layers, std::vector<uint16_t>(cap * kv_dim));
-    v16.assign(c.layers, std::vector<uint16_t>(cap * kv_dim));
+    if (!shared) v16.assign(c.layers, std::vector<uint16_t>(cap * kv_dim));
   }
   state.clear();
   state.resize(c.layers);
 }
 
 int64_t KVCache::bytes() const {
-  return 2 * (int64_t)std::max(k.size(), k16.size()) * capacity * kv_dim * cpu::kv_type_bytes(type);
+  return (shared ? 1 : 2) * (int64_t)std::max(k.size(), k16.size()) * capacity * kv_dim * cpu::kv_type_bytes(type);
 }
 
 MemoryNeed inference_memory(const ModelConfig& c, int64_t positions, int64_t batch, cpu::KvType kv,
                             int64_t logit_rows) {
   const double D = (double)c.dim, QD = (double)c.q_dim(), KD = (double)c.kv_dim(), F = (double)c.ffn;
   MemoryNeed need;
-  need.add("KV cache", 2.0 * (double)c.layers * (double)positions * KD * (double)cpu::kv_type_bytes(kv));
+  need.add("KV cache", (c.shared_kv() ? 1.0 : 2.0) * (double)c.layers * (double)positions * KD * (double)cpu::kv_type_bytes(kv));
   // The block's buffers (norms, q, k, v, attention output, residual, MLP) and the hidden states;
   // the sparse kernels' per-head routing adds a little per token.
   need.add("activations",
@@ -100,6 +101,7 @@ std::string to_string(Arch a) {
     case Arch::Llama: return "llama";
     case Arch::Gemma3: return "gemma3";
     case Arch::GPT2: return "gpt2";
+    case Arch::DeepseekV2: return "deepseek_v2";
   }
   return "?";
 }

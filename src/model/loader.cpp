@@ -40,6 +40,15 @@ void apply_arch_defaults(ModelConfig& c) {
       if (c.rope_dim == 0) c.rope_dim = c.head_dim;
       c.embed_scale = std::sqrt((float)c.dim);
       break;
+    case Arch::DeepseekV2:
+      c.norm = NormKind::RMS;
+      c.mlp = MlpKind::SwiGLU;
+      c.kv_heads = 1;  // absorbed: one row [k_pe | latent] per token serves every head
+      c.head_dim = c.mla_rope + c.mla_kv_rank;
+      c.rope_dim = c.mla_rope;
+      c.rope_style = cpu::RopeStyle::Interleaved;  // HF's de-interleaving permutation leaves q.k unchanged
+      c.attn_scale = 1.0f / std::sqrt((float)(c.mla_nope + c.mla_rope));
+      break;
     case Arch::GPT2:
       c.norm = NormKind::Layer;
       c.mlp = MlpKind::GELU;
@@ -431,8 +440,35 @@ std::unique_ptr<Model> load_safetensors(const std::string& dir, const LoadOption
       if (j.contains("rope_scaling") && !j["rope_scaling"].is_null())
         fail(cfg_path, ": rope_scaling is not supported yet");
     }
+  } else if (mt == "deepseek_v2") {
+    c.arch = Arch::DeepseekV2;
+    c.dim = num("hidden_size", int64_t(0));
+    c.layers = num("num_hidden_layers", int64_t(0));
+    c.heads = num("num_attention_heads", int64_t(0));
+    c.kv_heads = 1;
+    c.vocab = num("vocab_size", int64_t(0));
+    c.ffn = num("intermediate_size", int64_t(0));
+    c.max_ctx = num("max_position_embeddings", int64_t(2048));
+    c.norm_eps = num("rms_norm_eps", 1e-6);
+    c.rope_theta = num("rope_theta", 10000.0);
+    c.mla_kv_rank = num("kv_lora_rank", int64_t(0));
+    c.mla_nope = num("qk_nope_head_dim", int64_t(0));
+    c.mla_rope = num("qk_rope_head_dim", int64_t(0));
+    c.mla_v = num("v_head_dim", int64_t(0));
+    FOCUS_CHECK(c.mla_kv_rank > 0 && c.mla_kv_rank <= 4096 && c.mla_nope > 0 && c.mla_nope <= 1024 &&
+                    c.mla_rope > 0 && c.mla_rope % 2 == 0 && c.mla_rope <= 1024 && c.mla_v > 0 && c.mla_v <= 1024,
+                cfg_path, ": invalid latent attention sizes (kv_lora_rank ", c.mla_kv_rank, ", qk_nope_head_dim ",
+                c.mla_nope, ", qk_rope_head_dim ", c.mla_rope, ", v_head_dim ", c.mla_v, ")");
+    FOCUS_CHECK(!j.contains("q_lora_rank") || j["q_lora_rank"].is_null(), cfg_path,
+                ": q_lora_rank (a low-rank query) is not supported yet; only q_proj");
+    FOCUS_CHECK(!j.contains("n_routed_experts") || j["n_routed_experts"].is_null() ||
+                    num("first_k_dense_replace", int64_t(0)) >= c.layers,
+                cfg_path, ": mixture-of-experts layers are not supported (only dense MLPs)");
+    if (j.contains("rope_scaling") && !j["rope_scaling"].is_null())
+      fail(cfg_path, ": rope_scaling is not supported yet");
+    pre = "model.";
   } else {
-    fail(cfg_path, ": unsupported model_type '", mt, "' (supported: gpt2, llama, mistral, qwen2, gemma3)");
+    fail(cfg_path, ": unsupported model_type '", mt, "' (supported: gpt2, llama, mistral, qwen2, gemma3, deepseek_v2)");
   }
   check_sizes(c, cfg_path);
   apply_arch_defaults(c);
@@ -552,6 +588,20 @@ std::unique_ptr<Model> load_safetensors(const std::string& dir, const LoadOption
       const std::string p = pre + "layers." + std::to_string(l) + ".";
       LayerWeights& L = m->w.layers[l];
       L.attn_norm = get_norm(p + "input_layernorm.weight", D);
+      L.w_gate = mat(p + "mlp.gate_proj.weight", {F, D});
+      L.w_up = mat(p + "mlp.up_proj.weight", {F, D});
+      L.w_down = mat(p + "mlp.down_proj.weight", {D, F});
+      if (c.mla()) {
+        const int64_t C = c.mla_kv_rank, R = c.mla_rope;
+        L.wq = mat(p + "self_attn.q_proj.weight", {c.q_proj_dim(), D});
+        L.wk = mat(p + "self_attn.kv_a_proj_with_mqa.weight", {C + R, D});
+        L.kv_a_norm = get(p + "self_attn.kv_a_layernorm.weight", {C});
+        L.w_kv_b = Weight::f32(get(p + "self_attn.kv_b_proj.weight", {c.heads * (c.mla_nope + c.mla_v), C}),
+                               c.heads * (c.mla_nope + c.mla_v), C);
+        L.wo = mat(p + "self_attn.o_proj.weight", {D, c.o_proj_dim()});
+        L.ffn_norm = get_norm(p + "post_attention_layernorm.weight", D);
+        continue;
+      }
       L.wq = mat(p + "self_attn.q_proj.weight", {QD, D});
       L.wk = mat(p + "self_attn.k_proj.weight", {KV, D});
       L.wv = mat(p + "self_attn.v_proj.weight", {KV, D});
@@ -559,9 +609,6 @@ std::unique_ptr<Model> load_safetensors(const std::string& dir, const LoadOption
       L.bq = get(p + "self_attn.q_proj.bias", {QD}, false);
       L.bk = get(p + "self_attn.k_proj.bias", {KV}, false);
       L.bv = get(p + "self_attn.v_proj.bias", {KV}, false);
-      L.w_gate = mat(p + "mlp.gate_proj.weight", {F, D});
-      L.w_up = mat(p + "mlp.up_proj.weight", {F, D});
-      L.w_down = mat(p + "mlp.down_proj.weight", {D, F});
       if (c.arch == Arch::Gemma3) {
         L.q_norm = get_norm(p + "self_attn.q_norm.weight", c.head_dim);
         L.k_norm = get_norm(p + "self_attn.k_norm.weight", c.head_dim);

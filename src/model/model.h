@@ -49,12 +49,16 @@ std::string default_model_path(const std::string& name);
 struct KVCache {
   int64_t capacity = 0, len = 0, kv_dim = 0;
   cpu::KvType type = cpu::KvType::F32;
+  bool shared = false;  // keys and values are the same rows (MLA): only k is held
   std::vector<std::vector<float>> k, v;                 // float32: per layer [capacity, kv_dim]
   std::vector<std::vector<uint16_t>> k16, v16;          // half / bfloat16: the same, 16-bit
   std::vector<std::unique_ptr<AttentionState>> state;  // per layer (null until a policy makes one)
   void init(const ModelConfig& c, int64_t cap, cpu::KvType t = cpu::KvType::F32);
   void* k_layer(int64_t l) { return type == cpu::KvType::F32 ? (void*)k[l].data() : (void*)k16[l].data(); }
-  void* v_layer(int64_t l) { return type == cpu::KvType::F32 ? (void*)v[l].data() : (void*)v16[l].data(); }
+  void* v_layer(int64_t l) {
+    if (shared) return k_layer(l);
+    return type == cpu::KvType::F32 ? (void*)v[l].data() : (void*)v16[l].data();
+  }
   // Bytes of keys and values held (capacity rows of every layer).
   int64_t bytes() const;
   // Keeps positions 0 .. n-1 (n <= len), keys, values and states alike.

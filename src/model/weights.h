@@ -16,10 +16,15 @@ namespace focus {
 // Matrices are (out, in) row-major like a Linear layer.
 struct LayerWeights {
   const float* attn_norm = nullptr;  const float* attn_norm_b = nullptr;   // [dim]
-  Weight wq;  const float* bq = nullptr;                   // [q_dim, dim]
-  Weight wk;  const float* bk = nullptr;                   // [kv_dim, dim]
-  Weight wv;  const float* bv = nullptr;                   // [kv_dim, dim]
-  Weight wo;  const float* bo = nullptr;                   // [dim, q_dim]
+  Weight wq;  const float* bq = nullptr;                   // [q_dim, dim] (MLA: [q_proj_dim, dim])
+  Weight wk;  const float* bk = nullptr;                   // [kv_dim, dim] (MLA: the latent and the
+                                                           // key's RoPE part, [kv_rank + rope, dim])
+  Weight wv;  const float* bv = nullptr;                   // [kv_dim, dim] (MLA: absent)
+  Weight wo;  const float* bo = nullptr;                   // [dim, q_dim] (MLA: [dim, o_proj_dim])
+  // MLA: the latent's norm [kv_rank] and the up-projection of keys and values [heads * (nope + v),
+  // kv_rank], float32 (per head: nope rows of keys, then v rows of values).
+  const float* kv_a_norm = nullptr;
+  Weight w_kv_b;
   const float* q_norm = nullptr;  const float* k_norm = nullptr;           // [head_dim]
   const float* post_attn_norm = nullptr;                                    // [dim]
   const float* ffn_norm = nullptr;  const float* ffn_norm_b = nullptr;     // [dim]

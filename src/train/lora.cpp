@@ -107,6 +107,7 @@ void check_fits(const ModelConfig& c, const LoraAdapters& a) {
 
 LoraAdapters lora_init(const ModelConfig& c, const LoraSettings& s, uint64_t seed) {
   check_settings(s, "lora");
+  FOCUS_CHECK(!c.mla(), "lora: adapters on latent attention (DeepSeek-V2) projections are not supported");
   LoraAdapters a;
   a.settings = s;
   a.index.assign(c.layers, {-1, -1, -1, -1});
@@ -176,6 +177,7 @@ LoraAdapters load_lora(const std::string& dir, const ModelConfig& c) {
   const std::string jp = (fs::path(dir) / "lora.json").string();
   const std::string sp = (fs::path(dir) / "lora.safetensors").string();
   FOCUS_CHECK(fs::is_directory(dir), dir, ": not a LoRA folder (expected lora.json and lora.safetensors)");
+  FOCUS_CHECK(!c.mla(), dir, ": adapters on latent attention (DeepSeek-V2) projections are not supported");
   json j;
   try {
     j = json::parse(read_file(jp));

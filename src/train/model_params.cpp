@@ -20,7 +20,7 @@ namespace {
 // Which weight of the model a tensor is.
 enum class Slot {
   TokEmb, OutNorm, LmHead,
-  AttnNorm, Wq, Wk, Wv, Wo, QNorm, KNorm, PostAttnNorm, FfnNorm, WGate, WUp, WDown, PostFfnNorm
+  AttnNorm, Wq, Wk, Wv, Wo, QNorm, KNorm, PostAttnNorm, FfnNorm, WGate, WUp, WDown, PostFfnNorm, KvANorm, WKvB
 };
 
 struct Entry {
@@ -32,8 +32,8 @@ struct Entry {
 };
 
 void check_supported(const ModelConfig& c) {
-  FOCUS_CHECK(c.arch == Arch::Llama || c.arch == Arch::Gemma3, "training from scratch supports the Llama family and ",
-              "Gemma 3 (got ", to_string(c.arch), ")");
+  FOCUS_CHECK(c.arch == Arch::Llama || c.arch == Arch::Gemma3 || c.arch == Arch::DeepseekV2,
+              "training from scratch supports the Llama family, Gemma 3 and DeepSeek-V2 (got ", to_string(c.arch), ")");
   FOCUS_CHECK(c.vocab > 0 && c.dim > 0 && c.layers > 0 && c.heads > 0 && c.kv_heads > 0 && c.head_dim > 0 &&
                   c.ffn > 0 && c.heads % c.kv_heads == 0,
               "training from scratch: bad model sizes (vocab ", c.vocab, ", dim ", c.dim, ", layers ", c.layers,
@@ -61,6 +61,18 @@ std::vector<Entry> layout(const ModelConfig& c) {
   for (int64_t l = 0; l < c.layers; ++l) {
     const std::string p = "model.layers." + std::to_string(l) + ".";
     add(p + "input_layernorm.weight", {D}, l, Slot::AttnNorm, true);
+    if (c.mla()) {
+      add(p + "self_attn.q_proj.weight", {c.q_proj_dim(), D}, l, Slot::Wq);
+      add(p + "self_attn.kv_a_proj_with_mqa.weight", {c.mla_kv_rank + c.mla_rope, D}, l, Slot::Wk);
+      add(p + "self_attn.kv_a_layernorm.weight", {c.mla_kv_rank}, l, Slot::KvANorm, true);
+      add(p + "self_attn.kv_b_proj.weight", {c.heads * (c.mla_nope + c.mla_v), c.mla_kv_rank}, l, Slot::WKvB);
+      add(p + "self_attn.o_proj.weight", {D, c.o_proj_dim()}, l, Slot::Wo, false, true);
+      add(p + "post_attention_layernorm.weight", {D}, l, Slot::FfnNorm, true);
+      add(p + "mlp.gate_proj.weight", {F, D}, l, Slot::WGate);
+      add(p + "mlp.up_proj.weight", {F, D}, l, Slot::WUp);
+      add(p + "mlp.down_proj.weight", {D, F}, l, Slot::WDown, false, true);
+      continue;
+    }
     add(p + "self_attn.q_proj.weight", {QD, D}, l, Slot::Wq);
     add(p + "self_attn.k_proj.weight", {KD, D}, l, Slot::Wk);
     add(p + "self_attn.v_proj.weight", {KD, D}, l, Slot::Wv);
@@ -106,7 +118,7 @@ void for_each(const ModelParams& p, F f) {
 }  // namespace
 
 const std::vector<std::string>& preset_names() {
-  static const std::vector<std::string> n = {"mha", "gqa", "mqa", "local-global"};
+  static const std::vector<std::string> n = {"mha", "gqa", "mqa", "local-global", "mla"};
   return n;
 }
 
@@ -145,6 +157,20 @@ ModelConfig preset_config(const std::string& arch, int64_t vocab, int64_t ctx) {
     c.embed_scale = std::sqrt((float)c.dim);
     const int64_t w = std::max<int64_t>(1, ctx / 4);
     for (int64_t l = 0; l < c.layers; ++l) c.layer_sliding_window[l] = (l % 3 == 2) ? 0 : w;
+  } else if (arch == "mla") {
+    c.arch = Arch::DeepseekV2;
+    c.arch_name = "deepseek_v2";
+    c.mlp = MlpKind::SwiGLU;
+    c.norm_eps = 1e-6f;
+    c.mla_kv_rank = 64;
+    c.mla_nope = 32;
+    c.mla_rope = 16;
+    c.mla_v = 32;
+    c.kv_heads = 1;
+    c.head_dim = c.mla_rope + c.mla_kv_rank;
+    c.rope_dim = c.mla_rope;
+    c.rope_style = cpu::RopeStyle::Interleaved;
+    c.attn_scale = 1.0f / std::sqrt((float)(c.mla_nope + c.mla_rope));
   } else {
     std::string names;
     for (const auto& n : preset_names()) names += (names.empty() ? "" : ", ") + n;
@@ -207,6 +233,8 @@ void bind_model(const ModelParams& p, Model& m) {
       case Slot::WUp: L->w_up = W; break;
       case Slot::WDown: L->w_down = W; break;
       case Slot::PostFfnNorm: L->post_ffn_norm = d; break;
+      case Slot::KvANorm: L->kv_a_norm = d; break;
+      case Slot::WKvB: L->w_kv_b = W; break;
     }
   });
   if (c.tied_output) m.w.lm_head = m.w.tok_emb;
@@ -245,6 +273,8 @@ ModelGrads grad_views(const ModelParams& p, std::vector<std::vector<float>>& gra
       case Slot::WUp: L->w_up = d; break;
       case Slot::WDown: L->w_down = d; break;
       case Slot::PostFfnNorm: L->post_ffn_norm = d; break;
+      case Slot::KvANorm: L->kv_a_norm = d; break;
+      case Slot::WKvB: L->w_kv_b = d; break;
     }
   });
   if (p.cfg.tied_output) g.lm_head = g.tok_emb;
@@ -283,6 +313,21 @@ std::string hf_config_json(const ModelConfig& c, int32_t bos, int32_t eos) {
     }
     j["sliding_window"] = sw > 0 ? sw : c.max_ctx;
     j["layer_types"] = types;
+  } else if (c.arch == Arch::DeepseekV2) {
+    j["model_type"] = "deepseek_v2";
+    j["architectures"] = {"DeepseekV2ForCausalLM"};
+    j["hidden_act"] = "silu";
+    j["q_lora_rank"] = nullptr;
+    j["kv_lora_rank"] = c.mla_kv_rank;
+    j["qk_nope_head_dim"] = c.mla_nope;
+    j["qk_rope_head_dim"] = c.mla_rope;
+    j["v_head_dim"] = c.mla_v;
+    j["num_key_value_heads"] = c.heads;
+    j.erase("head_dim");  // per-part head sizes above
+    j["n_routed_experts"] = nullptr;
+    j["first_k_dense_replace"] = c.layers;
+    j["attention_bias"] = false;
+    j["rope_scaling"] = nullptr;
   } else {
     FOCUS_CHECK(c.rope_style == cpu::RopeStyle::SplitHalf, "the Hugging Face Llama layout rotates split halves");
     j["model_type"] = "llama";

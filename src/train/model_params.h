@@ -3,8 +3,9 @@
 // forward and backward passes read, the matching gradient buffers, initialisation, and the
 // safetensors + config.json folder that load_model reads back.
 //
-// Architectures: the Llama family (MHA, GQA and MQA are kv_heads = heads, heads / k, 1) and
-// Gemma 3 (sliding-window and global layers, QK norms, extra norms). Presets give small models
+// Architectures: the Llama family (MHA, GQA and MQA are kv_heads = heads, heads / k, 1), Gemma 3
+// (sliding-window and global layers, QK norms, extra norms) and DeepSeek-V2's multi-head latent
+// attention (dense MLPs). Presets give small models
 // of each for `focus train`.
 #pragma once
 #include <cstdint>
@@ -16,10 +17,11 @@
 
 namespace focus {
 
-// The presets of `focus train --arch`: "mha", "gqa", "mqa", "local-global". Sizes: dim 256,
-// 6 layers, 8 heads of 32 (kv heads 8 / 2 / 1; local-global: 2, with layers 0-1 and 3-4 seeing
-// a sliding window of ctx / 4 and layers 2 and 5 the whole context), SwiGLU (GeGLU for
-// local-global) with ffn 704, tied embeddings.
+// The presets of `focus train --arch`: "mha", "gqa", "mqa", "local-global", "mla". Sizes: dim
+// 256, 6 layers, 8 heads of 32 (kv heads 8 / 2 / 1; local-global: 2, with layers 0-1 and 3-4
+// seeing a sliding window of ctx / 4 and layers 2 and 5 the whole context; mla: DeepSeek-V2's
+// latent attention with a latent of 64, per head 32 + 16 (RoPE) query-key dims and 32 value
+// dims), SwiGLU (GeGLU for local-global) with ffn 704, tied embeddings.
 ModelConfig preset_config(const std::string& arch, int64_t vocab, int64_t ctx);
 const std::vector<std::string>& preset_names();
 
@@ -51,7 +53,7 @@ ModelGrads grad_views(const ModelParams& p, std::vector<std::vector<float>>& gra
 ModelGrads bind_grads(const ModelParams& p, std::vector<std::vector<float>>& grads);
 
 // DIR/model.safetensors and DIR/config.json in the Hugging Face layout of the architecture (model
-// type "llama" or "gemma3_text"), written atomically, and the tokenizer copied beside them
+// type "llama", "gemma3_text" or "deepseek_v2"), written atomically, and the tokenizer copied beside them
 // (tokenizer.json, or tokenizer.bin for a llama2.c tokenizer), so `focus eval --model DIR` loads it.
 void save_model_params(const ModelParams& p, const std::string& dir, const std::string& tokenizer_path);
 

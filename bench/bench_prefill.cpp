@@ -42,22 +42,6 @@ double median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
-// Median GFLOP/s of C[M,N] = A[M,K] B[N,K]^T, the layout linear() uses.
-double sgemm_gflops(int M, int N, int K, int reps) {
-  std::vector<float> a((size_t)M * K), b((size_t)N * K), c((size_t)M * N);
-  std::mt19937 rng(1);
-  std::uniform_real_distribution<float> u(-1, 1);
-  for (auto& x : a) x = u(rng);
-  for (auto& x : b) x = u(rng);
-  std::vector<double> t;
-  for (int r = 0; r < reps + 1; ++r) {
-    auto t0 = Clock::now();
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, M, N, K, 1.f, a.data(), K, b.data(), K, 0.f, c.data(), N);
-    if (r > 0) t.push_back(seconds_since(t0));
-  }
-  return 2.0 * M * N * K / median(t) / 1e9;
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -104,7 +88,7 @@ int main(int argc, char** argv) {
       return 0;
     }
     out["threads"] = num_threads();
-    const double peak_sq = sgemm_gflops(2048, 2048, 2048, reps);
+    const double peak_sq = focus::cpu::sgemm_gflops(2048, 2048, 2048, reps);
     std::printf("sgemm 2048^3: %.1f GFLOP/s (%d threads)\n", peak_sq, num_threads());
     out["sgemm_gflops_2048"] = peak_sq;
     if (soft_attn > 0) out["soft_attention"] = bench_soft_attention(soft_attn, reps);
@@ -118,7 +102,7 @@ int main(int argc, char** argv) {
     std::vector<nlohmann::json> rows;
     for (int64_t ctx : ctxs) {
       // The sgemm rate on this model's own prefill shape (M = ctx, the FFN projection).
-      const double peak_shape = sgemm_gflops((int)ctx, (int)c.ffn, (int)c.dim, reps);
+      const double peak_shape = focus::cpu::sgemm_gflops((int)ctx, (int)c.ffn, (int)c.dim, reps);
       std::vector<int32_t> ids(ctx);
       std::mt19937 rng(7);
       for (auto& x : ids) x = (int32_t)(rng() % c.vocab);

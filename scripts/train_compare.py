@@ -93,8 +93,8 @@ def main():
              f"({a.valid_windows} windows of {a.ctx}); tokenizer tok512; equal tokens and parameters (routers "
              "aside) for dense and Focus. Focus: routers trained jointly in soft mode, validated soft and hard "
              "(top-1).", "",
-             "| arch | attention | seeds | params | train tokens | valid ppl (mean ± sd) | hard top-1 ppl | hard density | tok/s |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "| arch | attention | seeds | params | train tokens | valid ppl (mean ± sd) | hard top-1 ppl | hard density | tok/s | useful GFLOP/s (of sgemm peak) |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for arch in a.archs.split(","):
         for attention in ("dense", "focus"):
             rs = [r for r in runs if r["arch"] == arch and r["attention"] == attention]
@@ -105,8 +105,10 @@ def main():
                 hard = f"{hm:.2f} ± {hs:.2f}"
                 dens = f"{statistics.mean(r['valid_density_hard'] for r in rs):.3f}"
             tps = statistics.mean(r["tokens_per_s"] for r in rs)
+            gf = statistics.mean(r["model_gflops"] for r in rs)
+            mfu = statistics.mean(r.get("mfu", 0) for r in rs)
             lines.append(f"| {arch} | {attention} | {len(rs)} | {rs[0]['params']:,} | {rs[0]['train_tokens']:,} | "
-                         f"{m:.2f} ± {s:.2f} | {hard} | {dens} | {tps:.0f} |")
+                         f"{m:.2f} ± {s:.2f} | {hard} | {dens} | {tps:.0f} | {gf:.0f} ({100 * mfu:.0f}%) |")
     os.makedirs(os.path.dirname(a.out), exist_ok=True)
     with open(a.out + ".json", "w") as f:
         json.dump({"date": date, "cpu": cpu, "args": vars(a), "runs": runs}, f, indent=1)

@@ -8,6 +8,7 @@
 
 #include "core/mapped_file.h"
 #include "eval/perplexity.h"
+#include "io/safetensors_writer.h"
 #include "test_util.h"
 #include "train/data.h"
 #include "train/pretrain.h"
@@ -83,6 +84,33 @@ TEST(TrainScratch, ResumeGivesTheBitsOfAnUninterruptedRun) {
       EXPECT_GT(ra.valid_ppl_hard, 0);
     }
   }
+}
+
+// --config: the architecture and sizes from a Hugging Face config.json (here a small DeepSeek-V2
+// with its latent attention); its vocabulary must be the tokenizer's.
+TEST(TrainScratch, ConfigFileGivesTheArchitecture) {
+  FOCUS_NEED_FILE(test::tok512());
+  ModelConfig c = preset_config("mla", 512, 64);
+  c.layers = 2;
+  c.layer_sliding_window.resize(2);
+  c.dim = 64;
+  c.heads = 2;
+  c.ffn = 96;
+  PretrainOptions o = small_run("focus_train_config", "gqa", "dense");
+  o.config = (fs::temp_directory_path() / "focus_train_config.json").string();
+  io::write_file_atomic(o.config, hf_config_json(c, -1, -1));
+  o.steps = 2;
+  const PretrainResult r = run_pretrain(o);
+  EXPECT_EQ(r.arch, "deepseek_v2");
+  const auto m = load_model(r.model_dir);
+  EXPECT_TRUE(m->cfg.mla());
+  EXPECT_EQ(m->cfg.dim, 64);
+  EXPECT_EQ(m->cfg.layers, 2);
+  EXPECT_EQ(r.params, m->w.n_params);
+  c.vocab = 300;
+  io::write_file_atomic(o.config, hf_config_json(c, -1, -1));
+  const std::string err = test::error_of([&] { run_pretrain(o); });
+  EXPECT_NE(err.find("vocab_size 300 but the tokenizer has 512 tokens"), std::string::npos) << err;
 }
 
 TEST(TrainScratch, CommandLineReportsJson) {

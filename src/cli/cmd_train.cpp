@@ -19,10 +19,11 @@ int run_train_cmd(const TrainFlags& f) {
   install_interrupt_handler();
   const PretrainResult r = run_pretrain(f.o);
   std::printf("\ntrained %s (%s attention) from scratch: %lld parameters%s, %lld steps, %lld training tokens, "
-              "%.1f tok/s, %.2f GFLOP/s of useful training FLOPs\n",
-              f.o.arch.c_str(), f.o.attention.c_str(), (long long)r.params,
+              "%.1f tok/s, %.2f GFLOP/s of useful training FLOPs (%.0f%% of the sgemm peak, %.1f GFLOP/s)\n",
+              r.arch.c_str(), f.o.attention.c_str(), (long long)r.params,
               r.router_params ? (" + " + std::to_string(r.router_params) + " router").c_str() : "",
-              (long long)r.steps, (long long)r.train_tokens, r.tokens_per_s, r.model_gflops);
+              (long long)r.steps, (long long)r.train_tokens, r.tokens_per_s, r.model_gflops, 100 * r.mfu,
+              r.sgemm_gflops);
   if (r.interrupted) {
     std::printf("interrupted: checkpoint in %s, continue with --resume\n", f.o.out.c_str());
   } else {
@@ -33,7 +34,7 @@ int run_train_cmd(const TrainFlags& f) {
                 r.routers_dir.c_str());
   }
   if (f.as_json) {
-    nlohmann::json j{{"arch", f.o.arch},
+    nlohmann::json j{{"arch", r.arch},
                      {"attention", f.o.attention},
                      {"valid_ppl", r.valid_ppl},
                      {"valid_ppl_initial", r.valid_ppl_initial},
@@ -44,6 +45,8 @@ int run_train_cmd(const TrainFlags& f) {
                      {"params", r.params},
                      {"flops_per_token", r.flops_per_token},
                      {"model_gflops", r.model_gflops},
+                     {"sgemm_gflops", r.sgemm_gflops},
+                     {"mfu", r.mfu},
                      {"interrupted", r.interrupted},
                      {"model", r.model_dir}};
     if (f.o.attention == "focus") {
@@ -62,7 +65,9 @@ int run_train_cmd(const TrainFlags& f) {
 Command add_train(CLI::App& app) {
   auto f = std::make_shared<TrainFlags>();
   auto* sub = app.add_subcommand("train", "train a small model from scratch (dense or Focus attention)");
-  sub->add_option("--arch", f->o.arch, "architecture preset: mha, gqa, mqa, local-global");
+  sub->add_option("--arch", f->o.arch, "architecture preset: mha, gqa, mqa, local-global, mla");
+  sub->add_option("--config", f->o.config,
+                  "a Hugging Face config.json instead of a preset (llama, gemma3_text, deepseek_v2)");
   sub->add_option("--tokenizer", f->o.tokenizer, "tokenizer (llama2.c .bin or tokenizer.json); sets the vocabulary")
       ->required();
   add_train_loop_options(sub, f->o, "weight");

@@ -366,16 +366,12 @@ std::unique_ptr<Model> load_llama2c(const std::string& path, const LoadOptions& 
   return m;
 }
 
+}  // namespace
+
 // ---------------------------------------------------------------- safetensors + config.json
-std::unique_ptr<Model> load_safetensors(const std::string& dir, const LoadOptions& opt) {
-  auto st_ptr = std::make_shared<io::SafetensorsModel>(io::load_safetensors_dir(dir));
-  io::SafetensorsModel& st = *st_ptr;
-  const nlohmann::json& j = st.config;
-  const std::string cfg_path = (fs::path(dir) / "config.json").string();
-  auto m = std::make_unique<Model>();
-  m->path = dir;
-  m->format = "safetensors";
-  ModelConfig& c = m->cfg;
+ModelConfig config_from_hf_json(const nlohmann::json& j, const std::string& cfg_path) {
+  FOCUS_CHECK(j.is_object(), cfg_path, ": not a JSON object");
+  ModelConfig c;
   auto num = [&](const char* k, auto def) {
     using T = decltype(def);
     if (!j.contains(k) || j[k].is_null()) return def;
@@ -384,8 +380,6 @@ std::unique_ptr<Model> load_safetensors(const std::string& dir, const LoadOption
   FOCUS_CHECK(!j.contains("model_type") || j["model_type"].is_string(), cfg_path, ": 'model_type' is not a string");
   const std::string mt = j.value("model_type", "");
   c.arch_name = mt;
-  std::string pre;  // tensor name prefix
-  auto has = [&](const std::string& n) { return st.find(n) != nullptr; };
   if (mt == "gpt2") {
     c.arch = Arch::GPT2;
     c.dim = num("n_embd", int64_t(0));
@@ -397,7 +391,6 @@ std::unique_ptr<Model> load_safetensors(const std::string& dir, const LoadOption
     c.ffn = num("n_inner", int64_t(0));
     if (c.ffn == 0) c.ffn = 4 * c.dim;
     c.norm_eps = num("layer_norm_epsilon", 1e-5);
-    pre = has("transformer.wte.weight") ? "transformer." : "";
   } else if (mt == "llama" || mt == "mistral" || mt == "qwen2" || mt == "gemma3" || mt == "gemma3_text") {
     c.arch = (mt == "gemma3" || mt == "gemma3_text") ? Arch::Gemma3 : Arch::Llama;
     const nlohmann::json& t = (mt == "gemma3" && j.contains("text_config")) ? j["text_config"] : j;
@@ -434,9 +427,7 @@ std::unique_ptr<Model> load_safetensors(const std::string& dir, const LoadOption
       }
       const double qs = tnum("query_pre_attn_scalar", 0.0);
       if (qs > 0) c.attn_scale = (float)(1.0 / std::sqrt(qs));
-      pre = has("model.language_model.embed_tokens.weight") ? "model.language_model." : "model.";
     } else {
-      pre = "model.";
       if (j.contains("rope_scaling") && !j["rope_scaling"].is_null())
         fail(cfg_path, ": rope_scaling is not supported yet");
     }
@@ -466,13 +457,34 @@ std::unique_ptr<Model> load_safetensors(const std::string& dir, const LoadOption
                 cfg_path, ": mixture-of-experts layers are not supported (only dense MLPs)");
     if (j.contains("rope_scaling") && !j["rope_scaling"].is_null())
       fail(cfg_path, ": rope_scaling is not supported yet");
-    pre = "model.";
   } else {
     fail(cfg_path, ": unsupported model_type '", mt, "' (supported: gpt2, llama, mistral, qwen2, gemma3, deepseek_v2)");
   }
+  FOCUS_CHECK(!j.contains("tie_word_embeddings") || j["tie_word_embeddings"].is_boolean(), cfg_path,
+              ": 'tie_word_embeddings' is not a boolean");
+  c.tied_output = j.value("tie_word_embeddings", c.arch == Arch::GPT2 || c.arch == Arch::Gemma3);
   check_sizes(c, cfg_path);
   apply_arch_defaults(c);
   check_config(c, cfg_path);
+  return c;
+}
+
+namespace {
+
+std::unique_ptr<Model> load_safetensors(const std::string& dir, const LoadOptions& opt) {
+  auto st_ptr = std::make_shared<io::SafetensorsModel>(io::load_safetensors_dir(dir));
+  io::SafetensorsModel& st = *st_ptr;
+  const std::string cfg_path = (fs::path(dir) / "config.json").string();
+  auto m = std::make_unique<Model>();
+  m->path = dir;
+  m->format = "safetensors";
+  m->cfg = config_from_hf_json(st.config, cfg_path);
+  ModelConfig& c = m->cfg;
+  auto has = [&](const std::string& n) { return st.find(n) != nullptr; };
+  // The tensor name prefix.
+  std::string pre = "model.";
+  if (c.arch == Arch::GPT2) pre = has("transformer.wte.weight") ? "transformer." : "";
+  if (c.arch == Arch::Gemma3 && has("model.language_model.embed_tokens.weight")) pre = "model.language_model.";
 
   std::map<std::string, int> type_count;
   bool viewed = false;

@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
@@ -38,6 +39,9 @@ struct Model {
 // MODEL is a .gguf, a llama2.c .bin, a folder with safetensors + config.json, or a cached
 // default name ("smollm2", "gemma3-270m"). Throws Error naming the file and the problem.
 std::unique_ptr<Model> load_model(const std::string& spec, const LoadOptions& opt = {});
+// The configuration a Hugging Face config.json describes (model_type gpt2, llama, mistral, qwen2,
+// gemma3, deepseek_v2); errors name cfg_path. The loader reads tied output from the tensors.
+ModelConfig config_from_hf_json(const nlohmann::json& j, const std::string& cfg_path);
 // The path a default name resolves to ("" if spec is not a default name).
 std::string default_model_path(const std::string& name);
 

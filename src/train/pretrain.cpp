@@ -6,10 +6,12 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "core/mapped_file.h"
 #include "core/memory.h"
 #include "eval/perplexity.h"
 #include "focus/focus_attention.h"
 #include "io/tokenizer.h"
+#include "kernels/cpu/ops.h"
 #include "train/backward.h"
 #include "train/retrofit.h"
 
@@ -40,9 +42,25 @@ PretrainResult run_pretrain(const PretrainOptions& o) {
   const bool with_focus = o.attention == "focus";
   Model m;
   m.tok = io::load_tokenizer(o.tokenizer);
-  ModelParams p = init_model_params(preset_config(o.arch, m.tok->vocab_size(), o.ctx), o.seed);
+  ModelConfig cfg;
+  if (o.config.empty()) {
+    cfg = preset_config(o.arch, m.tok->vocab_size(), o.ctx);
+  } else {
+    json j;
+    try {
+      j = json::parse(read_file(o.config));
+    } catch (const json::exception& e) {
+      FOCUS_CHECK(false, o.config, ": not valid JSON (", e.what(), ")");
+    }
+    cfg = config_from_hf_json(j, o.config);
+    FOCUS_CHECK(cfg.vocab == m.tok->vocab_size(), o.config, ": vocab_size ", cfg.vocab, " but the tokenizer has ",
+                m.tok->vocab_size(), " tokens");
+    FOCUS_CHECK(o.ctx <= cfg.max_ctx, o.config, ": max_position_embeddings ", cfg.max_ctx, " is below --ctx ", o.ctx);
+  }
+  const std::string arch = o.config.empty() ? o.arch : cfg.arch_name;
+  ModelParams p = init_model_params(cfg, o.seed);
   bind_model(p, m);
-  m.path = "scratch:" + o.arch;
+  m.path = "scratch:" + (o.config.empty() ? o.arch : o.config);
   m.format = "scratch";
 
   FocusRouters routers;
@@ -56,13 +74,13 @@ PretrainResult run_pretrain(const PretrainOptions& o) {
   {
     MemoryNeed need = training_memory(m.cfg, o.ctx, with_focus ? o.focus.groups : 0, 0);
     need.add("weights, gradients and AdamW moments", 16.0 * (double)p.n_params());
-    check_memory("train " + o.arch + " at ctx " + std::to_string(o.ctx), need, "lower --ctx");
+    check_memory("train " + arch + " at ctx " + std::to_string(o.ctx), need, "lower --ctx");
   }
 
   TrainTask task;
   task.name = "train";
   task.identity = train_options_identity(m, o);
-  task.identity.update({{"trainer", "train"}, {"arch", o.arch}, {"tokenizer", o.tokenizer},
+  task.identity.update({{"trainer", "train"}, {"arch", arch}, {"config", o.config}, {"tokenizer", o.tokenizer},
                         {"attention", o.attention}, {"params", p.n_params()}});
   if (with_focus)
     task.identity.update({{"window", o.focus.local_window}, {"sinks", o.focus.sinks}, {"groups", o.focus.groups},
@@ -151,7 +169,12 @@ PretrainResult run_pretrain(const PretrainOptions& o) {
   for (const auto& r : routers.routers) res.router_params += (int64_t)r.params.size();
   res.flops_per_token = flops_per_token(m.cfg, o.ctx);
   res.model_gflops = res.flops_per_token * res.tokens_per_s / 1e9;
+  if (res.steps > 0 && !lr.interrupted) {
+    res.sgemm_gflops = cpu::sgemm_gflops(2048, 2048, 2048, 3);
+    res.mfu = res.model_gflops / res.sgemm_gflops;
+  }
   res.model_dir = model_dir;
+  res.arch = arch;
   res.routers_dir = with_focus ? routers_dir : "";
   return res;
 }

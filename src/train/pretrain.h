@@ -16,6 +16,8 @@ namespace focus {
 
 struct PretrainOptions : TrainOptions {
   std::string arch = "gqa";    // a preset of model_params.h
+  std::string config;          // or a Hugging Face config.json (llama, gemma3_text, deepseek_v2): the
+                               // architecture and sizes; its vocab_size must be the tokenizer's
   std::string tokenizer;       // tokenizer file (llama2.c .bin or tokenizer.json); sets the vocabulary
   std::string attention = "dense";  // dense | focus
   FocusSettings focus;         // with focus: window, sinks, groups, d_g, top-k (hard validation), tau
@@ -39,6 +41,9 @@ struct PretrainResult : TrainStats {
   double flops_per_token = 0;  // useful training FLOPs per token (forward + backward, 6 per weight
                                // and multiply, plus causal attention)
   double model_gflops = 0;     // flops_per_token * tokens_per_s / 1e9
+  double sgemm_gflops = 0;     // the sgemm peak measured after training (2048^3, same threads)
+  double mfu = 0;              // model_gflops / sgemm_gflops
+  std::string arch;  // the preset, or the config's model type
   std::string model_dir, routers_dir;
 };
 

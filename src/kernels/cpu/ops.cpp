@@ -27,6 +27,25 @@ struct GemmTimer {
 }  // namespace
 
 GemmStats gemm_stats() { return g_gemm; }
+
+double sgemm_gflops(int M, int N, int K, int reps) {
+  reps = std::max(reps, 1);
+  std::vector<float> a((size_t)M * K), b((size_t)N * K), c((size_t)M * N);
+  uint32_t x = 12345;
+  for (auto* v : {&a, &b})
+    for (float& f : *v) {
+      x = x * 1664525u + 1013904223u;
+      f = (float)((x >> 8) * (1.0 / 16777216.0)) * 2.f - 1.f;
+    }
+  std::vector<double> t;
+  for (int r = 0; r < reps + 1; ++r) {
+    const auto t0 = std::chrono::steady_clock::now();
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, M, N, K, 1.f, a.data(), K, b.data(), K, 0.f, c.data(), N);
+    if (r > 0) t.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  }
+  std::sort(t.begin(), t.end());
+  return 2.0 * M * N * K / t[t.size() / 2] / 1e9;
+}
 void reset_gemm_stats() { g_gemm = {}; }
 
 void linear(const float* x, const float* W, const float* bias, float* y, int64_t M, int64_t K, int64_t N) {

@@ -42,6 +42,9 @@ struct GemmStats {
 };
 GemmStats gemm_stats();
 void reset_gemm_stats();
+// Median GFLOP/s of `reps` calls of C[M, N] = A[M, K] B[N, K]^T (the layout linear() uses) on the
+// current threads, after one warm-up call: the sgemm peak that utilisation figures divide by.
+double sgemm_gflops(int M, int N, int K, int reps);
 
 // x[i] += y[i]
 void add_inplace(float* x, const float* y, int64_t n);

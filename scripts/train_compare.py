@@ -30,6 +30,7 @@ def main():
     ap.add_argument("--window", type=int, default=64)
     ap.add_argument("--groups", type=int, default=8)
     ap.add_argument("--balance", default="swav")
+    ap.add_argument("--attentions", default="dense,focus", help="which to run (a variant of Focus alone: focus)")
     ap.add_argument("--valid-windows", type=int, default=32)
     ap.add_argument("--bin", default=os.path.join(ROOT, "build", "focus"))
     ap.add_argument("--data", default=os.path.join(ROOT, "..", "shared", "data"))
@@ -46,7 +47,7 @@ def main():
     tok = os.path.join(a.data, "models", "stories260K", "tok512.bin")
     runs = []
     for arch in a.archs.split(","):
-        for attention in ("dense", "focus"):
+        for attention in a.attentions.split(","):
             for seed in a.seeds.split(","):
                 out = os.path.join(a.work, f"{arch}-{attention}-{seed}")
                 cmd = [a.bin, "train", "--arch", arch, "--attention", attention, "--tokenizer", tok, "--train", *train,
@@ -88,7 +89,7 @@ def main():
     lines = ["# Dense vs Focus trained from scratch", "",
              f"{date}, {cpu}, {os.cpu_count()} threads. Command: `python3 scripts/train_compare.py --archs {a.archs} "
              f"--seeds {a.seeds} --ctx {a.ctx} --steps {a.steps} --batch {a.batch} --lr {a.lr} --window {a.window} "
-             f"--groups {a.groups} --balance {a.balance}`.", "",
+             f"--groups {a.groups} --balance {a.balance} --attentions {a.attentions}`.", "",
              "Train: Sherlock Holmes, Dracula, Great Expectations; validation: Pride and Prejudice "
              f"({a.valid_windows} windows of {a.ctx}); tokenizer tok512; equal tokens and parameters (routers "
              "aside) for dense and Focus. Focus: routers trained jointly in soft mode, validated soft and hard "
@@ -96,7 +97,7 @@ def main():
              "| arch | attention | seeds | params | train tokens | valid ppl (mean ± sd) | hard top-1 ppl | hard density | tok/s | useful GFLOP/s (of sgemm peak) |",
              "|---|---|---|---|---|---|---|---|---|---|"]
     for arch in a.archs.split(","):
-        for attention in ("dense", "focus"):
+        for attention in a.attentions.split(","):
             rs = [r for r in runs if r["arch"] == arch and r["attention"] == attention]
             m, s = stat([r["valid_ppl"] for r in rs])
             hard = dens = "-"

@@ -12,6 +12,7 @@
 #include "model/model.h"
 #include "test_models.h"
 #include "test_util.h"
+#include "eval/perplexity.h"
 #include "focus/focus_attention.h"
 #include "focus/focus_model.h"
 #include "train/backward.h"
@@ -128,6 +129,78 @@ TEST_P(FullModelGrad, EveryWeightMatchesFiniteDifferences) {
       EXPECT_NEAR(derivative(at), g[k][i], 5e-3 * std::abs(g[k][i]) + 3e-4) << name << "[" << i << "]";
     }
   }
+}
+
+// Training jointly with Focus routers (soft attention, the additive log-bias beyond the window):
+// the model's and the routers' gradients together against a central difference along them.
+TEST_P(FullModelGrad, JointWithSoftRoutersMatchesFiniteDifferences) {
+  const ModelParams p = tiny_params(GetParam(), 6);
+  Model m;
+  bind_model(p, m);
+  FocusSettings s;
+  s.mode = FocusMode::Soft;
+  s.local_window = 3;
+  s.groups = 3;
+  s.dg = 4;
+  s.tau = 0.5f;
+  const FocusRouters f = focus_init(p.cfg, s, 2);
+  ASSERT_FALSE(f.routers.empty());
+  const int64_t T = 13;
+  const test::Win win = test::window_of(T, p.cfg.vocab, 4);
+  const TrainWindow w{win.ids.data(), T, win.targets.data()};
+  const float scale = 1.f / (T - 2);
+  std::vector<std::vector<float>> g, gr;
+  const ModelGrads mg = bind_grads(p, g);
+  for (const auto& r : f.routers) gr.emplace_back(r.params.size(), 0.f);
+  TrainableSet ts;
+  ts.model_grads = &mg;
+  ts.routers = &f;
+  ts.router_grads = &gr;
+  train_loss_and_grad(m, ts, w, scale);
+  double gn = 0;
+  for (const auto* v : {&g, &gr})
+    for (const auto& b : *v)
+      for (float x : b) gn += (double)x * x;
+  gn = std::sqrt(gn);
+  ASSERT_GT(gn, 1e-4);
+  double router_gn = 0;
+  for (const auto& b : gr)
+    for (float x : b) router_gn += (double)x * x;
+  EXPECT_GT(router_gn, 1e-12) << "no gradient reached the routers";
+  const double fd = derivative([&](double t) {
+    ModelParams q = p;
+    FocusRouters f2 = f;
+    for (size_t k = 0; k < g.size(); ++k)
+      for (size_t i = 0; i < g[k].size(); ++i) q.data[k][i] += (float)(t * g[k][i] / gn);
+    for (size_t r = 0; r < gr.size(); ++r)
+      for (size_t i = 0; i < gr[r].size(); ++i) f2.routers[r].params[i] += (float)(t * gr[r][i] / gn);
+    Model m2;
+    bind_model(q, m2);
+    TrainableSet fwd;
+    fwd.routers = &f2;
+    return train_loss(m2, fwd, w) * scale;
+  });
+  EXPECT_NEAR(fd, gn, 3e-3 * gn + 3e-4) << "model and routers along their gradient";
+}
+
+// Causality and one forward pass: at a length past the kernels' tiles, changing the last token
+// leaves every earlier position's hidden state as it was, and the training forward pass (the
+// loss the trainer minimises) scores what inference scores.
+TEST_P(FullModelGrad, CausalAndTrainingScoresWhatInferenceScores) {
+  const ModelParams p = tiny_params(GetParam(), 9);
+  Model m;
+  bind_model(p, m);
+  const int64_t T = 150;
+  test::Win a = test::window_of(T, p.cfg.vocab, 6);
+  std::vector<int32_t> b = a.ids;
+  b[T - 1] = (b[T - 1] + 1) % (int32_t)p.cfg.vocab;
+  const std::vector<float> ha = test::hidden_of(m, a.ids, nullptr), hb = test::hidden_of(m, b, nullptr);
+  const int64_t D = p.cfg.dim;
+  EXPECT_TRUE(std::equal(ha.begin(), ha.begin() + (T - 1) * D, hb.begin())) << "a later token changed an earlier row";
+  EXPECT_GT(test::max_abs_diff(ha, hb, (T - 1) * D), 0.0);
+  int64_t n = 0;
+  const double infer = window_nll(m, a.ids, a.targets, nullptr, nullptr, &n);
+  EXPECT_NEAR(train_loss(m, TrainableSet{}, TrainWindow{a.ids.data(), T, a.targets.data()}), infer, 1e-4 * infer);
 }
 
 // Gradients accumulate: two windows' calls sum to the two calls' gradients.

@@ -77,7 +77,10 @@ def main():
                       f", {r['tokens_per_s']:.0f} tok/s", flush=True)
 
     def stat(xs):
-        return (statistics.mean(xs), statistics.stdev(xs) if len(xs) > 1 else 0.0)
+        return (statistics.mean(xs), statistics.stdev(xs) if len(xs) > 1 else float("nan"))
+
+    def pm(m, s):
+        return f"{m:.2f}" if s != s else f"{m:.2f} ± {s:.2f}"  # one seed: no spread
 
     cpu = ""
     try:
@@ -103,13 +106,13 @@ def main():
             hard = dens = "-"
             if attention == "focus":
                 hm, hs = stat([r["valid_ppl_hard"] for r in rs])
-                hard = f"{hm:.2f} ± {hs:.2f}"
+                hard = pm(hm, hs)
                 dens = f"{statistics.mean(r['valid_density_hard'] for r in rs):.3f}"
             tps = statistics.mean(r["tokens_per_s"] for r in rs)
             gf = statistics.mean(r["model_gflops"] for r in rs)
             mfu = statistics.mean(r.get("mfu", 0) for r in rs)
             lines.append(f"| {arch} | {attention} | {len(rs)} | {rs[0]['params']:,} | {rs[0]['train_tokens']:,} | "
-                         f"{m:.2f} ± {s:.2f} | {hard} | {dens} | {tps:.0f} | {gf:.0f} ({100 * mfu:.0f}%) |")
+                         f"{pm(m, s)} | {hard} | {dens} | {tps:.0f} | {gf:.0f} ({100 * mfu:.0f}%) |")
     os.makedirs(os.path.dirname(a.out), exist_ok=True)
     with open(a.out + ".json", "w") as f:
         json.dump({"date": date, "cpu": cpu, "args": vars(a), "runs": runs}, f, indent=1)

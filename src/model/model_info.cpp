@@ -50,6 +50,12 @@ std::string model_info_text(const Model& m) {
   appendf(s, "sizes:        vocab %lld, dim %lld, layers %lld, heads %lld, kv heads %lld, head dim %lld, ffn %lld, ctx %lld\n",
        (long long)c.vocab, (long long)c.dim, (long long)c.layers, (long long)c.heads, (long long)c.kv_heads,
        (long long)c.head_dim, (long long)c.ffn, (long long)c.max_ctx);
+  if (c.mla())
+    appendf(s,
+            "latent attn:  kv rank %lld, per head %lld + %lld (RoPE) query-key dims, %lld value dims; run as "
+            "multi-query over rows of %lld (the KV cache holds the latent once)\n",
+            (long long)c.mla_kv_rank, (long long)c.mla_nope, (long long)c.mla_rope, (long long)c.mla_v,
+            (long long)c.head_dim);
   appendf(s, "parameters:   %lld (%.1f M)%s\n", (long long)m.w.n_params, m.w.n_params / 1e6,
        c.tied_output ? ", output tied to embeddings" : "");
   const char* rope = c.rope_dim == 0 ? "none"

@@ -17,6 +17,9 @@ import subprocess
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# Split by book: three to train on, one to validate.
+TRAIN_BOOKS = ("pg-1661-the-adventures-of-sherlock-holmes.txt", "pg-345-dracula.txt", "pg-1400-great-expectations.txt")
+VALID_BOOKS = ("pg-1342-pride-and-prejudice.txt",)
 
 
 def main():
@@ -38,9 +41,8 @@ def main():
     ap.add_argument("--out", default=os.path.join(ROOT, "docs", "results", "train_scratch"))
     a = ap.parse_args()
     text = os.path.join(a.data, "text")
-    train = [os.path.join(text, f) for f in ("pg-1661-the-adventures-of-sherlock-holmes.txt", "pg-345-dracula.txt",
-                                             "pg-1400-great-expectations.txt")]
-    valid = [os.path.join(text, "pg-1342-pride-and-prejudice.txt")]
+    train = [os.path.join(text, f) for f in TRAIN_BOOKS]
+    valid = [os.path.join(text, f) for f in VALID_BOOKS]
     for f in train + valid:
         if not os.path.exists(f):
             sys.exit(f"missing {f}")

@@ -58,11 +58,12 @@ TEST(TrainScratch, LearnsAndTheSavedModelScoresWhatTheTrainerReported) {
   EXPECT_NEAR(std::exp(nll / tokens), r.valid_ppl, 1e-4 * r.valid_ppl);
 }
 
-// An interrupted run resumed from its checkpoint ends with the bits of an uninterrupted one, for
-// dense attention and for routers trained jointly with SwAV balancing, on two architectures.
+// An interrupted run resumed from its checkpoint ends with the bits of an uninterrupted one, on
+// each of the five architectures, with dense attention or routers trained jointly (SwAV).
 TEST(TrainScratch, ResumeGivesTheBitsOfAnUninterruptedRun) {
   FOCUS_NEED_FILE(test::tok512());
-  for (auto [arch, attention] : {std::pair<const char*, const char*>{"mqa", "dense"}, {"local-global", "focus"}, {"mla", "focus"}}) {
+  for (auto [arch, attention] : {std::pair<const char*, const char*>{"mha", "dense"}, {"gqa", "focus"}, {"mqa", "dense"},
+                                {"local-global", "focus"}, {"mla", "focus"}}) {
     PretrainOptions a = small_run("focus_train_whole", arch, attention);
     a.balance = "swav";
     a.steps = 6;

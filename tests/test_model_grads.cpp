@@ -45,9 +45,7 @@ ModelParams tiny_params(const std::string& arch, uint64_t seed) {
     c.mla_nope = 4;
     c.mla_rope = 4;
     c.mla_v = 6;
-    c.kv_heads = 1;
-    c.head_dim = c.mla_rope + c.mla_kv_rank;
-    c.rope_dim = c.mla_rope;
+    apply_arch_defaults(c);  // the absorbed head and its scale
   }
   ModelParams p = init_model_params(c, seed);
   Rng rng{seed + 17};

@@ -20,44 +20,6 @@ namespace fs = std::filesystem;
 namespace focus {
 namespace {
 
-// Every architecture-specific default lives here.
-void apply_arch_defaults(ModelConfig& c) {
-  if (c.head_dim == 0 && c.heads > 0) c.head_dim = c.dim / c.heads;
-  if (c.attn_scale == 0.f) c.attn_scale = 1.0f / std::sqrt((float)c.head_dim);
-  if (c.layer_sliding_window.empty()) c.layer_sliding_window.assign(c.layers, 0);
-  switch (c.arch) {
-    case Arch::Llama:
-      c.norm = NormKind::RMS;
-      c.mlp = MlpKind::SwiGLU;
-      if (c.rope_dim == 0) c.rope_dim = c.head_dim;
-      break;
-    case Arch::Gemma3:
-      c.norm = NormKind::RMS;
-      c.mlp = MlpKind::GeGLU;
-      c.qk_norm = true;
-      c.post_norms = true;
-      c.rope_style = cpu::RopeStyle::SplitHalf;
-      if (c.rope_dim == 0) c.rope_dim = c.head_dim;
-      c.embed_scale = std::sqrt((float)c.dim);
-      break;
-    case Arch::DeepseekV2:
-      c.norm = NormKind::RMS;
-      c.mlp = MlpKind::SwiGLU;
-      c.kv_heads = 1;  // absorbed: one row [k_pe | latent] per token serves every head
-      c.head_dim = c.mla_rope + c.mla_kv_rank;
-      c.rope_dim = c.mla_rope;
-      c.rope_style = cpu::RopeStyle::Interleaved;  // HF's de-interleaving permutation leaves q.k unchanged
-      c.attn_scale = 1.0f / std::sqrt((float)(c.mla_nope + c.mla_rope));
-      break;
-    case Arch::GPT2:
-      c.norm = NormKind::Layer;
-      c.mlp = MlpKind::GELU;
-      c.learned_pos = true;
-      c.rope_dim = 0;
-      break;
-  }
-}
-
 // A JSON number read as T. An integer setting written as a float must hold a whole number in
 // range (converting anything else would be undefined).
 template <class T>
@@ -367,6 +329,44 @@ std::unique_ptr<Model> load_llama2c(const std::string& path, const LoadOptions& 
 }
 
 }  // namespace
+
+// Every architecture-specific default lives here.
+void apply_arch_defaults(ModelConfig& c) {
+  if (c.head_dim == 0 && c.heads > 0) c.head_dim = c.dim / c.heads;
+  if (c.attn_scale == 0.f) c.attn_scale = 1.0f / std::sqrt((float)c.head_dim);
+  if (c.layer_sliding_window.empty()) c.layer_sliding_window.assign(c.layers, 0);
+  switch (c.arch) {
+    case Arch::Llama:
+      c.norm = NormKind::RMS;
+      c.mlp = MlpKind::SwiGLU;
+      if (c.rope_dim == 0) c.rope_dim = c.head_dim;
+      break;
+    case Arch::Gemma3:
+      c.norm = NormKind::RMS;
+      c.mlp = MlpKind::GeGLU;
+      c.qk_norm = true;
+      c.post_norms = true;
+      c.rope_style = cpu::RopeStyle::SplitHalf;
+      if (c.rope_dim == 0) c.rope_dim = c.head_dim;
+      c.embed_scale = std::sqrt((float)c.dim);
+      break;
+    case Arch::DeepseekV2:
+      c.norm = NormKind::RMS;
+      c.mlp = MlpKind::SwiGLU;
+      c.kv_heads = 1;  // absorbed: one row [k_pe | latent] per token serves every head
+      c.head_dim = c.mla_rope + c.mla_kv_rank;
+      c.rope_dim = c.mla_rope;
+      c.rope_style = cpu::RopeStyle::Interleaved;  // HF's de-interleaving permutation leaves q.k unchanged
+      c.attn_scale = 1.0f / std::sqrt((float)(c.mla_nope + c.mla_rope));
+      break;
+    case Arch::GPT2:
+      c.norm = NormKind::Layer;
+      c.mlp = MlpKind::GELU;
+      c.learned_pos = true;
+      c.rope_dim = 0;
+      break;
+  }
+}
 
 // ---------------------------------------------------------------- safetensors + config.json
 ModelConfig config_from_hf_json(const nlohmann::json& j, const std::string& cfg_path) {

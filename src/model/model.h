@@ -39,6 +39,9 @@ struct Model {
 // MODEL is a .gguf, a llama2.c .bin, a folder with safetensors + config.json, or a cached
 // default name ("smollm2", "gemma3-270m"). Throws Error naming the file and the problem.
 std::unique_ptr<Model> load_model(const std::string& spec, const LoadOptions& opt = {});
+// What an architecture fixes (norm, MLP, QK and extra norms, positions, embedding scale, MLA's
+// absorbed head) given c.arch and the sizes; head_dim, rope_dim and attn_scale when still 0.
+void apply_arch_defaults(ModelConfig& c);
 // The configuration a Hugging Face config.json describes (model_type gpt2, llama, mistral, qwen2,
 // gemma3, deepseek_v2); errors name cfg_path. The loader reads tied output from the tensors.
 ModelConfig config_from_hf_json(const nlohmann::json& j, const std::string& cfg_path);

@@ -133,49 +133,36 @@ ModelConfig preset_config(const std::string& arch, int64_t vocab, int64_t ctx) {
   c.head_dim = 32;
   c.ffn = 704;
   c.max_ctx = ctx;
-  c.norm = NormKind::RMS;
   c.rope_style = cpu::RopeStyle::SplitHalf;  // the Hugging Face layout the saved model uses
-  c.rope_dim = c.head_dim;
   c.rope_theta = c.rope_theta_local = 10000.f;
-  c.attn_scale = 1.0f / std::sqrt((float)c.head_dim);
   c.tied_output = true;
   c.layer_sliding_window.assign(c.layers, 0);
   if (arch == "mha" || arch == "gqa" || arch == "mqa") {
     c.arch = Arch::Llama;
     c.arch_name = "llama";
     c.kv_heads = arch == "mha" ? 8 : arch == "gqa" ? 2 : 1;
-    c.mlp = MlpKind::SwiGLU;
     c.norm_eps = 1e-5f;
   } else if (arch == "local-global") {
     c.arch = Arch::Gemma3;
     c.arch_name = "gemma3_text";
     c.kv_heads = 2;
-    c.mlp = MlpKind::GeGLU;
     c.norm_eps = 1e-6f;
-    c.qk_norm = true;
-    c.post_norms = true;
-    c.embed_scale = std::sqrt((float)c.dim);
     const int64_t w = std::max<int64_t>(1, ctx / 4);
     for (int64_t l = 0; l < c.layers; ++l) c.layer_sliding_window[l] = (l % 3 == 2) ? 0 : w;
   } else if (arch == "mla") {
     c.arch = Arch::DeepseekV2;
     c.arch_name = "deepseek_v2";
-    c.mlp = MlpKind::SwiGLU;
     c.norm_eps = 1e-6f;
     c.mla_kv_rank = 64;
     c.mla_nope = 32;
     c.mla_rope = 16;
     c.mla_v = 32;
-    c.kv_heads = 1;
-    c.head_dim = c.mla_rope + c.mla_kv_rank;
-    c.rope_dim = c.mla_rope;
-    c.rope_style = cpu::RopeStyle::Interleaved;
-    c.attn_scale = 1.0f / std::sqrt((float)(c.mla_nope + c.mla_rope));
   } else {
     std::string names;
     for (const auto& n : preset_names()) names += (names.empty() ? "" : ", ") + n;
     FOCUS_CHECK(false, "unknown --arch '", arch, "' (presets: ", names, ")");
   }
+  apply_arch_defaults(c);  // norms, MLP, positions, embedding scale, MLA's head: as the loader sets them
   return c;
 }
 

@@ -39,6 +39,8 @@ PretrainResult run_pretrain(const PretrainOptions& o) {
   FOCUS_CHECK(!o.tokenizer.empty(), "train: give --tokenizer FILE (a llama2.c tokenizer .bin or a tokenizer.json)");
   FOCUS_CHECK(o.attention == "dense" || o.attention == "focus", "train: --attention must be dense or focus (got '",
               o.attention, "')");
+  FOCUS_CHECK(o.balance == "none" || o.balance == "swav", "train: --balance must be none or swav (got '", o.balance,
+              "')");
   const bool with_focus = o.attention == "focus";
   Model m;
   m.tok = io::load_tokenizer(o.tokenizer);
@@ -98,8 +100,6 @@ PretrainResult run_pretrain(const PretrainOptions& o) {
       task.block_names.push_back("routers." + std::to_string(r) + ".");
       task.decay.push_back(false);
     }
-  FOCUS_CHECK(o.balance == "none" || o.balance == "swav", "train: --balance must be none or swav (got '", o.balance,
-              "')");
   double swav_sum = 0;
   int64_t swav_terms = 0;
   const RouterAuxHook hook = with_focus && o.balance == "swav"

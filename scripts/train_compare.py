@@ -30,6 +30,8 @@ def main():
     ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--batch", type=int, default=4)
     ap.add_argument("--lr", default="3e-3")
+    ap.add_argument("--warmup", type=int, default=0, help="warm-up steps (default: steps / 20)")
+    ap.add_argument("--extra", default="", help="more `focus train` flags for every run, space-separated")
     ap.add_argument("--window", type=int, default=64)
     ap.add_argument("--groups", type=int, default=8)
     ap.add_argument("--balance", default="swav")
@@ -54,8 +56,9 @@ def main():
                 out = os.path.join(a.work, f"{arch}-{attention}-{seed}")
                 cmd = [a.bin, "train", "--arch", arch, "--attention", attention, "--tokenizer", tok, "--train", *train,
                        "--valid", *valid, "--ctx", str(a.ctx), "--steps", str(a.steps), "--batch", str(a.batch),
-                       "--lr", a.lr, "--warmup", str(max(1, a.steps // 20)), "--eval-every", str(max(1, a.steps // 4)),
+                       "--lr", a.lr, "--warmup", str(a.warmup or max(1, a.steps // 20)), "--eval-every", str(max(1, a.steps // 4)),
                        "--valid-windows", str(a.valid_windows), "--seed", seed, "--out", out, "--json"]
+                cmd += a.extra.split()
                 if attention == "focus":
                     cmd += ["--window", str(a.window), "--groups", str(a.groups), "--topk", "1",
                             "--balance", a.balance]
@@ -93,7 +96,9 @@ def main():
     date = datetime.date.today().isoformat()
     lines = ["# Dense vs Focus trained from scratch", "",
              f"{date}, {cpu}, {os.cpu_count()} threads. Command: `python3 scripts/train_compare.py --archs {a.archs} "
-             f"--seeds {a.seeds} --ctx {a.ctx} --steps {a.steps} --batch {a.batch} --lr {a.lr} --window {a.window} "
+             f"--seeds {a.seeds} --ctx {a.ctx} --steps {a.steps} --batch {a.batch} --lr {a.lr} "
+             + (f"--warmup {a.warmup} " if a.warmup else "") + (f"--extra '{a.extra}' " if a.extra else "") +
+             f"--window {a.window} "
              f"--groups {a.groups} --balance {a.balance} --attentions {a.attentions}`.", "",
              "Train: Sherlock Holmes, Dracula, Great Expectations; validation: Pride and Prejudice "
              f"({a.valid_windows} windows of {a.ctx}); tokenizer tok512; equal tokens and parameters (routers "

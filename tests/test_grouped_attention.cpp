@@ -371,6 +371,7 @@ TEST(GroupedPairCount, MatchesBruteForce) {
             }
           }
         EXPECT_EQ(focus::cpu::grouped_pair_count(s, P.r), brute) << describe(c) << " q_pos0 " << q_pos0;
+        EXPECT_EQ(focus::cpu::grouped_pair_count(s, P.r, P.idx), brute) << describe(c) << " q_pos0 " << q_pos0;
       }
 }
 

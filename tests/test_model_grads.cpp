@@ -17,6 +17,7 @@
 #include "focus/focus_model.h"
 #include "train/backward.h"
 #include "train/model_params.h"
+#include "train/retrofit.h"
 
 namespace focus {
 namespace {
@@ -179,6 +180,53 @@ TEST_P(FullModelGrad, JointWithSoftRoutersMatchesFiniteDifferences) {
     return train_loss(m2, fwd, w) * scale;
   });
   EXPECT_NEAR(fd, gn, 3e-3 * gn + 3e-4) << "model and routers along their gradient";
+}
+
+// --router-detach: the routers still learn, but neither the LM loss nor the balancing term reaches
+// the model through them, so the model's gradient does not depend on the balancing weight; without
+// the stop-gradient it does (the test can fail).
+TEST_P(FullModelGrad, DetachedRoutersPassNoGradientIntoTheModel) {
+  const ModelParams p = tiny_params(GetParam(), 8);
+  Model m;
+  bind_model(p, m);
+  FocusSettings s;
+  s.mode = FocusMode::Soft;
+  s.local_window = 3;
+  s.groups = 3;
+  s.dg = 4;
+  s.tau = 0.5f;
+  const FocusRouters f = focus_init(p.cfg, s, 2);
+  const int64_t T = 13;
+  const test::Win win = test::window_of(T, p.cfg.vocab, 5);
+  const TrainWindow w{win.ids.data(), T, win.targets.data()};
+  double swav = 0;
+  int64_t terms = 0;
+  auto grads = [&](bool detach, float balance) {
+    std::vector<std::vector<float>> g, gr;
+    const ModelGrads mg = bind_grads(p, g);
+    for (const auto& r : f.routers) gr.emplace_back(r.params.size(), 0.f);
+    TrainableSet ts;
+    ts.model_grads = &mg;
+    ts.routers = &f;
+    ts.router_grads = &gr;
+    ts.router_detach_input = detach;
+    if (balance > 0) ts.router_hook = swav_balance_hook(f, balance, &swav, &terms);
+    train_loss_and_grad(m, ts, w, 1.f / T);
+    double router_norm = 0;
+    for (const auto& b : gr)
+      for (float x : b) router_norm += (double)x * x;
+    EXPECT_GT(router_norm, 1e-12) << "the routers must still learn";
+    return g;
+  };
+  auto max_diff = [](const std::vector<std::vector<float>>& a, const std::vector<std::vector<float>>& b) {
+    double d = 0;
+    for (size_t k = 0; k < a.size(); ++k)
+      for (size_t i = 0; i < a[k].size(); ++i) d = std::max(d, (double)std::fabs(a[k][i] - b[k][i]));
+    return d;
+  };
+  EXPECT_EQ(max_diff(grads(true, 0.f), grads(true, 10.f)), 0.0);
+  EXPECT_GT(max_diff(grads(false, 0.f), grads(false, 10.f)), 1e-6);
+  EXPECT_GT(terms, 0) << "the balancing hook ran";
 }
 
 // Causality and one forward pass: at a length past the kernels' tiles, changing the last token

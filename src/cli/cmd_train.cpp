@@ -80,6 +80,8 @@ Command add_train(CLI::App& app) {
   sub->add_option("--tau", f->o.focus.tau, "focus: router temperature");
   sub->add_option("--balance", f->o.balance, "focus: none, or swav (balancing loss on the router scores)");
   sub->add_option("--balance-weight", f->o.balance_weight, "focus: weight of the SwAV loss");
+  sub->add_flag("--router-detach", f->o.router_detach,
+                "focus: the routers learn from the loss but pass no gradient into the model's hidden states");
   sub->add_flag("--json", f->as_json, "print the result as one JSON line at the end");
   return {sub, [f] { return run_train_cmd(*f); }};
 }

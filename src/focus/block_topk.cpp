@@ -62,7 +62,7 @@ class BlockTopKAttention final : public AttentionPolicy {
     sh.sinks = s_.sinks;
     const cpu::GroupedRouting routing{st->index.n_groups, 1, st->key_group.data(), kq, qg.data()};
     cpu::grouped_attention(a.q, a.k, a.v, a.out, nullptr, sh, routing, st->index);
-    if (stats) add_pairs(stats, a.pos0, a.T, (double)cpu::grouped_pair_count(sh, routing) / (double)c.heads);
+    if (stats) add_pairs(stats, a.pos0, a.T, (double)cpu::grouped_pair_count(sh, routing, st->index) / (double)c.heads);
   }
 
  private:

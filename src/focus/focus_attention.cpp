@@ -93,8 +93,8 @@ class WindowAttention final : public AttentionPolicy {
 class FocusAttention final : public AttentionPolicy {
  public:
   FocusAttention(const FocusSettings& fs, const RouterParams* rp, int64_t router, std::vector<float>* grad,
-                 RouterAuxHook hook)
-      : fs_(fs), rp_(rp), router_(router), grad_(grad), hook_(std::move(hook)) {}
+                 RouterAuxHook hook, bool detach_input = false)
+      : fs_(fs), rp_(rp), router_(router), grad_(grad), hook_(std::move(hook)), detach_input_(detach_input) {}
   std::string name() const override { return fs_.mode == FocusMode::Soft ? "focus-soft" : "focus-hard"; }
   bool reads_cache_views() const override { return true; }
   bool trains_parameters() const override { return grad_ != nullptr; }
@@ -178,7 +178,7 @@ class FocusAttention final : public AttentionPolicy {
       t.scratch.assign(rp_->params.size(), 0.f);
       gr = t.scratch.data();
     }
-    router_backward(*rp_, a.xn, t.rc, t.dp.data(), t.ds.data(), gr, dxn);
+    router_backward(*rp_, a.xn, t.rc, t.dp.data(), t.ds.data(), gr, detach_input_ ? nullptr : dxn);
   }
 
  private:
@@ -187,6 +187,7 @@ class FocusAttention final : public AttentionPolicy {
   int64_t router_;
   std::vector<float>* grad_;
   RouterAuxHook hook_;
+  bool detach_input_;
 };
 
 // The routing of one asymmetric layer's cached keys under each of its RH routers: one group per
@@ -289,15 +290,11 @@ class AsymmetricFocusAttention final : public AttentionPolicy {
     else
       cpu::grouped_attention(a.q, a.k, a.v, a.out, nullptr, s, routing, ks->index);
     if (!stats) return;
-    std::vector<int32_t> all_keys(RH * n);  // [RH, n]
-    for (int64_t r = 0; r < RH; ++r)
-      std::copy(ks->key_group[r].begin(), ks->key_group[r].end(), all_keys.begin() + r * n);
-    routing.key_group = all_keys.data();
     if (stats->groups && a.pos0 == 0) {
       if ((int64_t)stats->groups->size() < c.layers) stats->groups->resize(c.layers);
       (*stats->groups)[a.layer] = ks->key_group[0];
     }
-    add_causal(stats, a.pos0, T, (double)cpu::grouped_pair_count(s, routing) / (double)c.heads);
+    add_causal(stats, a.pos0, T, (double)cpu::grouped_pair_count(s, routing, ks->index) / (double)c.heads);
     if (a.pos0 == 0) {
       const int64_t S = std::min(fs_.sinks, T);
       for (int64_t r = 0; r < RH; ++r) {
@@ -314,7 +311,7 @@ class AsymmetricFocusAttention final : public AttentionPolicy {
 };
 
 AttentionPlan make_plan(const ModelConfig& c, const FocusRouters& f, FocusMode mode,
-                        std::vector<std::vector<float>>* grads, const RouterAuxHook& hook) {
+                        std::vector<std::vector<float>>* grads, const RouterAuxHook& hook, bool detach_input) {
   FOCUS_CHECK((int64_t)f.router_of_layer.size() == c.layers, "routers: ", f.router_of_layer.size(),
               " layer entries for a model of ", c.layers, " layers");
   AttentionPlan plan;
@@ -336,7 +333,7 @@ AttentionPlan make_plan(const ModelConfig& c, const FocusRouters& f, FocusMode m
     }
     else
       plan.layers[l] =
-          std::make_shared<FocusAttention>(fs, &f.routers[r], r, grads ? &(*grads)[r] : nullptr, hook);
+          std::make_shared<FocusAttention>(fs, &f.routers[r], r, grads ? &(*grads)[r] : nullptr, hook, detach_input);
   }
   return plan;
 }
@@ -366,12 +363,12 @@ const float* router_input(const AttentionCall& a, const FocusSettings& fs, int64
 }
 
 AttentionPlan focus_plan(const ModelConfig& c, const FocusRouters& f) {
-  return make_plan(c, f, f.settings.mode, nullptr, nullptr);
+  return make_plan(c, f, f.settings.mode, nullptr, nullptr, false);
 }
 
 AttentionPlan focus_train_plan(const ModelConfig& c, const FocusRouters& f, std::vector<std::vector<float>>* grads,
-                               RouterAuxHook hook) {
-  return make_plan(c, f, FocusMode::Soft, grads, hook);
+                               RouterAuxHook hook, bool detach_input) {
+  return make_plan(c, f, FocusMode::Soft, grads, hook, detach_input);
 }
 
 }  // namespace focus

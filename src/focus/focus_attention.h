@@ -32,8 +32,10 @@ AttentionPlan focus_plan(const ModelConfig& c, const FocusRouters& f);
 
 // Training: soft mode on the router layers. When grads is not null, each router's gradient is
 // accumulated into (*grads)[router] (sized like its params); the hook (may be null) sees each
-// router's assignment and may add a gradient on its scores.
+// router's assignment and may add a gradient on its scores. With detach_input the routers' input
+// gradient (the LM loss and the hook's, through the router) is not passed back to the layer's
+// input: the routers learn, but do not shape the hidden states they read (a stop-gradient).
 AttentionPlan focus_train_plan(const ModelConfig& c, const FocusRouters& f, std::vector<std::vector<float>>* grads,
-                               RouterAuxHook hook = nullptr);
+                               RouterAuxHook hook = nullptr, bool detach_input = false);
 
 }  // namespace focus

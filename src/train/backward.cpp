@@ -214,7 +214,7 @@ LossGrad train_loss_and_grad(const Model& m, const TrainableSet& ts, const Train
     adapter = std::make_unique<LoraProjections>(*ts.lora, ts.lora_grads);
   }
   const AttentionPlan plan =
-      ts.routers ? focus_train_plan(c, *ts.routers, ts.router_grads, ts.router_hook) : AttentionPlan{};
+      ts.routers ? focus_train_plan(c, *ts.routers, ts.router_grads, ts.router_hook, ts.router_detach_input) : AttentionPlan{};
   auto adapted = [&](int64_t l) {
     for (int p = 0; p < kProjections; ++p)
       if (adapter && adapter->adapts(l, p)) return true;

@@ -62,6 +62,7 @@ struct TrainableSet {
   const FocusRouters* routers = nullptr;
   std::vector<std::vector<float>>* router_grads = nullptr;  // per router, sized like its params
   RouterAuxHook router_hook = nullptr;
+  bool router_detach_input = false;  // the routers' input gradient stops at the routers
   const LoraAdapters* lora = nullptr;
   std::vector<std::vector<float>>* lora_grads = nullptr;    // per adapter matrix (lora->mats)
   const ModelGrads* model_grads = nullptr;                  // the model's weights, when trained

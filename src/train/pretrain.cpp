@@ -87,7 +87,7 @@ PretrainResult run_pretrain(const PretrainOptions& o) {
   if (with_focus)
     task.identity.update({{"window", o.focus.local_window}, {"sinks", o.focus.sinks}, {"groups", o.focus.groups},
                           {"dg", o.focus.dg}, {"tau", o.focus.tau}, {"balance", o.balance},
-                          {"balance_weight", o.balance_weight}});
+                          {"balance_weight", o.balance_weight}, {"router_detach", o.router_detach}});
   for (size_t i = 0; i < p.data.size(); ++i) {
     task.params.push_back(&p.data[i]);
     task.block_names.push_back(p.tensors[i].name + ".");
@@ -122,6 +122,7 @@ PretrainResult run_pretrain(const PretrainOptions& o) {
       ts.routers = &routers;
       ts.router_grads = &router_part;
       ts.router_hook = hook;
+      ts.router_detach_input = o.router_detach;
     }
     const double loss = train_loss_and_grad(m, ts, w, loss_scale).loss_sum;
     for (size_t i = 0; i < router_part.size(); ++i) grads[n_model + i] = std::move(router_part[i]);

@@ -23,6 +23,7 @@ struct PretrainOptions : TrainOptions {
   FocusSettings focus;         // with focus: window, sinks, groups, d_g, top-k (hard validation), tau
   std::string balance = "none";  // with focus: none | swav (the SwAV loss on the router scores)
   float balance_weight = 0.1f;
+  bool router_detach = false;  // with focus: the routers' gradient does not flow into the model
   PretrainOptions() {
     adam.lr = 1e-3f;
     adam.beta2 = 0.95f;

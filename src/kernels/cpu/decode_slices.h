@@ -22,6 +22,17 @@ namespace decode_detail {
 
 using namespace simd;
 
+// Rows read ahead: a row list gathered from the groups is scattered over the cache, so the
+// hardware prefetchers do not see it coming; every cache line of the key row (and of the value
+// row, which the value pass reads soon after) is requested this many keys ahead.
+constexpr int64_t kAhead = 12;
+
+template <class E>
+inline void prefetch_row(const E* row, int64_t d) {
+  const char* p = (const char*)row;
+  for (int64_t b = 0; b < d * (int64_t)sizeof(E); b += 64) __builtin_prefetch(p + b);
+}
+
 template <class E>
 inline float dot(const float* a, const E* b, int64_t d) {
   int64_t x = 0;
@@ -40,7 +51,10 @@ template <class E>
 void slice_generic(const float* q, int64_t nh, const E* k, const E* v, int64_t kv_stride, const int32_t* idx,
                    const float* bias, int64_t len, int64_t D, float scale, float* sc, float* parts, int64_t part) {
   for (int64_t m = 0; m < len; ++m) {
-    if (m + 4 < len) __builtin_prefetch(k + (int64_t)idx[m + 4] * kv_stride);
+    if (m + kAhead < len) {
+      prefetch_row(k + (int64_t)idx[m + kAhead] * kv_stride, D);
+      prefetch_row(v + (int64_t)idx[m + kAhead] * kv_stride, D);
+    }
     const E* kr = k + (int64_t)idx[m] * kv_stride;
     const float b = bias ? bias[m] : 0.f;
     for (int64_t hh = 0; hh < nh; ++hh) sc[hh * kSlice + m] = dot(q + hh * D, kr, D) * scale + b;
@@ -57,7 +71,7 @@ void slice_generic(const float* q, int64_t nh, const E* k, const E* v, int64_t k
   }
   const bool vec = D % kV == 0;
   for (int64_t m = 0; m < len; ++m) {
-    if (m + 4 < len) __builtin_prefetch(v + (int64_t)idx[m + 4] * kv_stride);
+    if (m + kAhead < len) prefetch_row(v + (int64_t)idx[m + kAhead] * kv_stride, D);
     const E* vr = v + (int64_t)idx[m] * kv_stride;
     for (int64_t hh = 0; hh < nh; ++hh) {
       float* acc = parts + hh * part + 2;
@@ -81,7 +95,10 @@ void slice_vec(const float* q, int64_t nh, const E* k, const E* v, int64_t kv_st
   constexpr int64_t D = NV * kV;
   const int64_t lv = round_up(len);
   for (int64_t m = 0; m < len; ++m) {
-    if (m + 4 < len) __builtin_prefetch(k + (int64_t)idx[m + 4] * kv_stride);
+    if (m + kAhead < len) {
+      prefetch_row(k + (int64_t)idx[m + kAhead] * kv_stride, D);
+      prefetch_row(v + (int64_t)idx[m + kAhead] * kv_stride, D);
+    }
     const E* kr = k + (int64_t)idx[m] * kv_stride;
     vf kr_v[NV];
     for (int x = 0; x < NV; ++x) kr_v[x] = kv_load_vec(kr + x * kV);
@@ -119,7 +136,7 @@ void slice_vec(const float* q, int64_t nh, const E* k, const E* v, int64_t kv_st
       for_chunks<16 / NH>(NV, [&]<int XC>(int x0) {
         vf acc[NH][XC] = {};
         for (int64_t m = 0; m < len; ++m) {
-          if (m + 4 < len) __builtin_prefetch(v + (int64_t)idx[m + 4] * kv_stride + x0 * kV);
+          if (m + kAhead < len) prefetch_row(v + (int64_t)idx[m + kAhead] * kv_stride + x0 * kV, XC * kV);
           const E* vr = v + (int64_t)idx[m] * kv_stride + x0 * kV;
           vf vv[XC];
           for (int x = 0; x < XC; ++x) vv[x] = kv_load_vec(vr + x * kV);

@@ -632,6 +632,31 @@ int64_t grouped_pair_count(const AttnShape& s, const GroupedRouting& r) {
   return total;
 }
 
+int64_t grouped_pair_count(const AttnShape& s, const GroupedRouting& r, const GroupedKeyIndex& idx) {
+  check_shape(s);
+  check_routing(s, r);
+  FOCUS_CHECK(idx.n_groups == r.n_groups && idx.route_heads == r.route_heads && idx.n_keys >= s.n_kv,
+              "grouped attention: the key index (", idx.n_groups, " groups, ", idx.route_heads, " routing heads, ",
+              idx.n_keys, " keys) does not match the routing (", r.n_groups, ", ", r.route_heads, ", ", s.n_kv, ")");
+  const int64_t w = s.local_window, S = s.sinks;
+  int64_t total = 0;
+  for (int64_t t = 0; t < s.n_q; ++t) {
+    const int64_t p = s.q_pos0 + t, lo = p - w + 1;  // group keys: S <= j < lo
+    total += s.heads * (std::min(p + 1, w) + std::min(S, std::max<int64_t>(0, lo)));
+    if (lo <= S) continue;
+    for (int64_t h = 0; h < s.heads; ++h) {
+      const int32_t* gs = r.query_groups + (t * s.heads + h) * r.kq;
+      for (int c = 0; c < r.kq; ++c) {
+        if (gs[c] < 0) continue;
+        const auto& m = idx.group(route_of(s, r, h), gs[c]);
+        const auto a = std::lower_bound(m.begin(), m.end(), (int32_t)S);
+        total += std::lower_bound(a, m.end(), (int32_t)lo) - a;
+      }
+    }
+  }
+  return total;
+}
+
 size_t grouped_attention_scratch_bytes() { return tl_scratch.bytes(); }
 
 void grouped_attention_trim_scratch(size_t max_bytes) {

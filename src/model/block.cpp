@@ -93,11 +93,12 @@ void mla_project(const ModelConfig& c, const LayerWeights& L, const float* xn, i
   cpu::linear(xn, L.wk, nullptr, A.kv_a.data(), T, d.D, d.C + d.R);
   for (int64_t t = 0; t < T; ++t)
     std::memcpy(A.c_pre.data() + t * d.C, A.kv_a.data() + t * (d.C + d.R), d.C * sizeof(float));
-  std::vector<float> cn(T * d.C);
-  cpu::rmsnorm(A.c_pre.data(), L.kv_a_norm, cn.data(), T, d.C, c.norm_eps);
+  A.c_norm.resize(T * d.C);
+  float* cn = A.c_norm.data();
+  cpu::rmsnorm(A.c_pre.data(), L.kv_a_norm, cn, T, d.C, c.norm_eps);
   for (int64_t t = 0; t < T; ++t) {
     std::memcpy(k + t * d.HD, A.kv_a.data() + t * (d.C + d.R) + d.C, d.R * sizeof(float));
-    std::memcpy(k + t * d.HD + d.R, cn.data() + t * d.C, d.C * sizeof(float));
+    std::memcpy(k + t * d.HD + d.R, cn + t * d.C, d.C * sizeof(float));
   }
   const float* kvb = mla_kv_b(L);
   for (int64_t h = 0; h < d.H; ++h) {
@@ -154,15 +155,17 @@ void mla_project_backward(const ModelConfig& c, const LayerWeights& L, const flo
                   (int)d.C);
   }
   S.dkv_a.resize(T * (d.C + d.R));
-  std::vector<float> dcn(T * d.C), dc(T * d.C);
+  S.dc_norm.resize(T * d.C);
+  S.dc.resize(T * d.C);
+  float *dcn = S.dc_norm.data(), *dc = S.dc.data();
   for (int64_t t = 0; t < T; ++t) {
     std::memcpy(S.dkv_a.data() + t * (d.C + d.R) + d.C, dk + t * d.HD, d.R * sizeof(float));
-    std::memcpy(dcn.data() + t * d.C, dk + t * d.HD + d.R, d.C * sizeof(float));
+    std::memcpy(dcn + t * d.C, dk + t * d.HD + d.R, d.C * sizeof(float));
   }
-  if (G.kv_a_norm) cpu::rmsnorm_backward_weight(A.c_pre.data(), dcn.data(), G.kv_a_norm, T, d.C, c.norm_eps);
-  cpu::rmsnorm_backward(A.c_pre.data(), L.kv_a_norm, dcn.data(), dc.data(), T, d.C, c.norm_eps, false);
+  if (G.kv_a_norm) cpu::rmsnorm_backward_weight(A.c_pre.data(), dcn, G.kv_a_norm, T, d.C, c.norm_eps);
+  cpu::rmsnorm_backward(A.c_pre.data(), L.kv_a_norm, dcn, dc, T, d.C, c.norm_eps, false);
   for (int64_t t = 0; t < T; ++t)
-    std::memcpy(S.dkv_a.data() + t * (d.C + d.R), dc.data() + t * d.C, d.C * sizeof(float));
+    std::memcpy(S.dkv_a.data() + t * (d.C + d.R), dc + t * d.C, d.C * sizeof(float));
   if (G.wq) cpu::linear_backward_weight(S.dq_raw.data(), xn, G.wq, nullptr, T, d.D, d.H * d.QH);
   if (G.wk) cpu::linear_backward_weight(S.dkv_a.data(), xn, G.wk, nullptr, T, d.D, d.C + d.R);
   cpu::linear_backward_input(S.dq_raw.data(), L.wq, dxn, T, d.D, d.H * d.QH, false);

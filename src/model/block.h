@@ -47,6 +47,7 @@ struct BlockActs {
   std::vector<float> q_raw, kv_a;   // MLA: the query projection [T, q_proj_dim] and the latent +
                                     // key RoPE part [T, kv_rank + rope] as projected
   std::vector<float> c_pre;         // MLA: the latent before its norm [T, kv_rank]
+  std::vector<float> c_norm;        // MLA: the latent after its norm [T, kv_rank] (scratch)
   std::vector<float> att_v;         // MLA: the heads' values out of the latent [T, o_proj_dim]
   AttentionTape tape;               // the policy's own (training)
   std::vector<float> a_pre;         // attention projection before the post-attention norm
@@ -109,7 +110,7 @@ struct LayerGrads {
 // Scratch of the backward pass, reused across layers.
 struct BlockGradScratch {
   std::vector<float> d1, dact, dgate, dup, dxn, datt, dq, dk, dv;
-  std::vector<float> datt_v, dq_raw, dkv_a;  // MLA
+  std::vector<float> datt_v, dq_raw, dkv_a, dc_norm, dc;  // MLA
 };
 
 // Given dx = dL/dx_out [T, D], the block's input x_in and its activations, replaces dx with

@@ -380,6 +380,17 @@ ModelConfig config_from_hf_json(const nlohmann::json& j, const std::string& cfg_
   FOCUS_CHECK(!j.contains("model_type") || j["model_type"].is_string(), cfg_path, ": 'model_type' is not a string");
   const std::string mt = j.value("model_type", "");
   c.arch_name = mt;
+  // The sizes every Llama-style config names alike (get reads one key of the right object).
+  auto llama_sizes = [&](auto&& get) {
+    c.dim = get("hidden_size", int64_t(0));
+    c.layers = get("num_hidden_layers", int64_t(0));
+    c.heads = get("num_attention_heads", int64_t(0));
+    c.vocab = get("vocab_size", int64_t(0));
+    c.ffn = get("intermediate_size", int64_t(0));
+    c.max_ctx = get("max_position_embeddings", int64_t(2048));
+    c.norm_eps = get("rms_norm_eps", 1e-6);
+    c.rope_theta = get("rope_theta", 10000.0);
+  };
   if (mt == "gpt2") {
     c.arch = Arch::GPT2;
     c.dim = num("n_embd", int64_t(0));
@@ -399,15 +410,8 @@ ModelConfig config_from_hf_json(const nlohmann::json& j, const std::string& cfg_
       if (!t.contains(k) || t[k].is_null()) return def;
       return json_number<T>(t[k], k, cfg_path);
     };
-    c.dim = tnum("hidden_size", int64_t(0));
-    c.layers = tnum("num_hidden_layers", int64_t(0));
-    c.heads = tnum("num_attention_heads", int64_t(0));
+    llama_sizes(tnum);
     c.kv_heads = tnum("num_key_value_heads", c.heads);
-    c.vocab = tnum("vocab_size", int64_t(0));
-    c.ffn = tnum("intermediate_size", int64_t(0));
-    c.max_ctx = tnum("max_position_embeddings", int64_t(2048));
-    c.norm_eps = tnum("rms_norm_eps", 1e-6);
-    c.rope_theta = tnum("rope_theta", 10000.0);
     c.head_dim = tnum("head_dim", int64_t(0));
     c.rope_style = cpu::RopeStyle::SplitHalf;  // HF stores q/k unpermuted
     check_sizes(c, cfg_path);
@@ -433,15 +437,8 @@ ModelConfig config_from_hf_json(const nlohmann::json& j, const std::string& cfg_
     }
   } else if (mt == "deepseek_v2") {
     c.arch = Arch::DeepseekV2;
-    c.dim = num("hidden_size", int64_t(0));
-    c.layers = num("num_hidden_layers", int64_t(0));
-    c.heads = num("num_attention_heads", int64_t(0));
+    llama_sizes(num);
     c.kv_heads = 1;
-    c.vocab = num("vocab_size", int64_t(0));
-    c.ffn = num("intermediate_size", int64_t(0));
-    c.max_ctx = num("max_position_embeddings", int64_t(2048));
-    c.norm_eps = num("rms_norm_eps", 1e-6);
-    c.rope_theta = num("rope_theta", 10000.0);
     c.mla_kv_rank = num("kv_lora_rank", int64_t(0));
     c.mla_nope = num("qk_nope_head_dim", int64_t(0));
     c.mla_rope = num("qk_rope_head_dim", int64_t(0));

@@ -191,6 +191,36 @@ ModelParams init_model_params(const ModelConfig& c, uint64_t seed) {
   return p;
 }
 
+namespace {
+
+// Points the field of slot s at a tensor: mat for matrices and embeddings, vec for norm scales.
+// The same switch serves the model's weights (Weight, const float*) and its gradients (float*).
+template <class Top, class Layer, class Mat, class Vec>
+void set_slot(Slot s, Top& top, Layer* L, const Mat& mat, Vec vec) {
+  switch (s) {
+    case Slot::TokEmb: top.tok_emb = mat; break;
+    case Slot::OutNorm: top.out_norm = vec; break;
+    case Slot::LmHead: top.lm_head = mat; break;
+    case Slot::AttnNorm: L->attn_norm = vec; break;
+    case Slot::Wq: L->wq = mat; break;
+    case Slot::Wk: L->wk = mat; break;
+    case Slot::Wv: L->wv = mat; break;
+    case Slot::Wo: L->wo = mat; break;
+    case Slot::QNorm: L->q_norm = vec; break;
+    case Slot::KNorm: L->k_norm = vec; break;
+    case Slot::PostAttnNorm: L->post_attn_norm = vec; break;
+    case Slot::FfnNorm: L->ffn_norm = vec; break;
+    case Slot::WGate: L->w_gate = mat; break;
+    case Slot::WUp: L->w_up = mat; break;
+    case Slot::WDown: L->w_down = mat; break;
+    case Slot::PostFfnNorm: L->post_ffn_norm = vec; break;
+    case Slot::KvANorm: L->kv_a_norm = vec; break;
+    case Slot::WKvB: L->w_kv_b = mat; break;
+  }
+}
+
+}  // namespace
+
 void bind_model(const ModelParams& p, Model& m) {
   const ModelConfig& c = p.cfg;
   m.cfg = c;
@@ -201,28 +231,7 @@ void bind_model(const ModelParams& p, Model& m) {
   for_each(p, [&](const Entry& e, size_t i) {
     const float* d = p.data[i].data();
     const int64_t rows = e.t.shape[0], cols = e.t.shape.size() > 1 ? e.t.shape[1] : 1;
-    const Weight W = Weight::f32(d, rows, cols);
-    LayerWeights* L = e.layer >= 0 ? &m.w.layers[e.layer] : nullptr;
-    switch (e.slot) {
-      case Slot::TokEmb: m.w.tok_emb = W; break;
-      case Slot::OutNorm: m.w.out_norm = d; break;
-      case Slot::LmHead: m.w.lm_head = W; break;
-      case Slot::AttnNorm: L->attn_norm = d; break;
-      case Slot::Wq: L->wq = W; break;
-      case Slot::Wk: L->wk = W; break;
-      case Slot::Wv: L->wv = W; break;
-      case Slot::Wo: L->wo = W; break;
-      case Slot::QNorm: L->q_norm = d; break;
-      case Slot::KNorm: L->k_norm = d; break;
-      case Slot::PostAttnNorm: L->post_attn_norm = d; break;
-      case Slot::FfnNorm: L->ffn_norm = d; break;
-      case Slot::WGate: L->w_gate = W; break;
-      case Slot::WUp: L->w_up = W; break;
-      case Slot::WDown: L->w_down = W; break;
-      case Slot::PostFfnNorm: L->post_ffn_norm = d; break;
-      case Slot::KvANorm: L->kv_a_norm = d; break;
-      case Slot::WKvB: L->w_kv_b = W; break;
-    }
+    set_slot(e.slot, m.w, e.layer >= 0 ? &m.w.layers[e.layer] : nullptr, Weight::f32(d, rows, cols), d);
   });
   if (c.tied_output) m.w.lm_head = m.w.tok_emb;
 }
@@ -242,27 +251,7 @@ ModelGrads grad_views(const ModelParams& p, std::vector<std::vector<float>>& gra
     FOCUS_CHECK(grads[offset + i].size() == p.data[i].size(), "model gradients: the buffer of ", e.t.name,
                 " has the wrong size");
     float* d = grads[offset + i].data();
-    LayerGrads* L = e.layer >= 0 ? &g.layers[e.layer] : nullptr;
-    switch (e.slot) {
-      case Slot::TokEmb: g.tok_emb = d; break;
-      case Slot::OutNorm: g.out_norm = d; break;
-      case Slot::LmHead: g.lm_head = d; break;
-      case Slot::AttnNorm: L->attn_norm = d; break;
-      case Slot::Wq: L->wq = d; break;
-      case Slot::Wk: L->wk = d; break;
-      case Slot::Wv: L->wv = d; break;
-      case Slot::Wo: L->wo = d; break;
-      case Slot::QNorm: L->q_norm = d; break;
-      case Slot::KNorm: L->k_norm = d; break;
-      case Slot::PostAttnNorm: L->post_attn_norm = d; break;
-      case Slot::FfnNorm: L->ffn_norm = d; break;
-      case Slot::WGate: L->w_gate = d; break;
-      case Slot::WUp: L->w_up = d; break;
-      case Slot::WDown: L->w_down = d; break;
-      case Slot::PostFfnNorm: L->post_ffn_norm = d; break;
-      case Slot::KvANorm: L->kv_a_norm = d; break;
-      case Slot::WKvB: L->w_kv_b = d; break;
-    }
+    set_slot(e.slot, g, e.layer >= 0 ? &g.layers[e.layer] : nullptr, d, d);
   });
   if (p.cfg.tied_output) g.lm_head = g.tok_emb;
   return g;

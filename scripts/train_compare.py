@@ -29,7 +29,7 @@ def main():
     ap.add_argument("--ctx", type=int, default=512)
     ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--batch", type=int, default=4)
-    ap.add_argument("--lr", default="3e-3")
+    ap.add_argument("--lr", default="1e-3", help="peak learning rate (3e-3 is unstable on the presets)")
     ap.add_argument("--warmup", type=int, default=0, help="warm-up steps (default: steps / 20)")
     ap.add_argument("--extra", default="", help="more `focus train` flags for every run, space-separated")
     ap.add_argument("--window", type=int, default=64)
@@ -97,7 +97,7 @@ def main():
     lines = ["# Dense vs Focus trained from scratch", "",
              f"{date}, {cpu}, {os.cpu_count()} threads. Command: `python3 scripts/train_compare.py --archs {a.archs} "
              f"--seeds {a.seeds} --ctx {a.ctx} --steps {a.steps} --batch {a.batch} --lr {a.lr} "
-             + (f"--warmup {a.warmup} " if a.warmup else "") + (f"--extra '{a.extra}' " if a.extra else "") +
+             + f"--warmup {a.warmup or max(1, a.steps // 20)} " + (f"--extra '{a.extra}' " if a.extra else "") +
              f"--window {a.window} "
              f"--groups {a.groups} --balance {a.balance} --attentions {a.attentions}`.", "",
              "Train: Sherlock Holmes, Dracula, Great Expectations; validation: Pride and Prejudice "

@@ -71,6 +71,33 @@ double loss_of(const ModelParams& p, const TrainWindow& w) {
   return train_loss(m, TrainableSet{}, w);
 }
 
+// Random soft routers on the tiny model: window 3, 3 groups, d_g 4, temperature 0.5.
+FocusRouters soft_routers(const ModelConfig& c) {
+  FocusSettings s;
+  s.mode = FocusMode::Soft;
+  s.local_window = 3;
+  s.groups = 3;
+  s.dg = 4;
+  s.tau = 0.5f;
+  return focus_init(c, s, 2);
+}
+
+// Zeroed gradient buffers of the model and the routers, and the set that trains both.
+struct JointGrads {
+  std::vector<std::vector<float>> g, gr;
+  ModelGrads mg;
+  TrainableSet ts;
+  JointGrads(const ModelParams& p, const FocusRouters& f) {
+    mg = bind_grads(p, g);
+    for (const auto& r : f.routers) gr.emplace_back(r.params.size(), 0.f);
+    ts.model_grads = &mg;
+    ts.routers = &f;
+    ts.router_grads = &gr;
+  }
+  JointGrads(const JointGrads&) = delete;
+  JointGrads& operator=(const JointGrads&) = delete;
+};
+
 class FullModelGrad : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(FullModelGrad, EveryWeightMatchesFiniteDifferences) {
@@ -136,26 +163,15 @@ TEST_P(FullModelGrad, JointWithSoftRoutersMatchesFiniteDifferences) {
   const ModelParams p = tiny_params(GetParam(), 6);
   Model m;
   bind_model(p, m);
-  FocusSettings s;
-  s.mode = FocusMode::Soft;
-  s.local_window = 3;
-  s.groups = 3;
-  s.dg = 4;
-  s.tau = 0.5f;
-  const FocusRouters f = focus_init(p.cfg, s, 2);
+  const FocusRouters f = soft_routers(p.cfg);
   ASSERT_FALSE(f.routers.empty());
   const int64_t T = 13;
   const test::Win win = test::window_of(T, p.cfg.vocab, 4);
   const TrainWindow w{win.ids.data(), T, win.targets.data()};
   const float scale = 1.f / (T - 2);
-  std::vector<std::vector<float>> g, gr;
-  const ModelGrads mg = bind_grads(p, g);
-  for (const auto& r : f.routers) gr.emplace_back(r.params.size(), 0.f);
-  TrainableSet ts;
-  ts.model_grads = &mg;
-  ts.routers = &f;
-  ts.router_grads = &gr;
-  train_loss_and_grad(m, ts, w, scale);
+  JointGrads J(p, f);
+  train_loss_and_grad(m, J.ts, w, scale);
+  const auto &g = J.g, &gr = J.gr;
   double gn = 0;
   for (const auto* v : {&g, &gr})
     for (const auto& b : *v)
@@ -189,34 +205,22 @@ TEST_P(FullModelGrad, DetachedRoutersPassNoGradientIntoTheModel) {
   const ModelParams p = tiny_params(GetParam(), 8);
   Model m;
   bind_model(p, m);
-  FocusSettings s;
-  s.mode = FocusMode::Soft;
-  s.local_window = 3;
-  s.groups = 3;
-  s.dg = 4;
-  s.tau = 0.5f;
-  const FocusRouters f = focus_init(p.cfg, s, 2);
+  const FocusRouters f = soft_routers(p.cfg);
   const int64_t T = 13;
   const test::Win win = test::window_of(T, p.cfg.vocab, 5);
   const TrainWindow w{win.ids.data(), T, win.targets.data()};
   double swav = 0;
   int64_t terms = 0;
   auto grads = [&](bool detach, float balance) {
-    std::vector<std::vector<float>> g, gr;
-    const ModelGrads mg = bind_grads(p, g);
-    for (const auto& r : f.routers) gr.emplace_back(r.params.size(), 0.f);
-    TrainableSet ts;
-    ts.model_grads = &mg;
-    ts.routers = &f;
-    ts.router_grads = &gr;
-    ts.router_detach_input = detach;
-    if (balance > 0) ts.router_hook = swav_balance_hook(f, balance, &swav, &terms);
-    train_loss_and_grad(m, ts, w, 1.f / T);
+    JointGrads J(p, f);
+    J.ts.router_detach_input = detach;
+    if (balance > 0) J.ts.router_hook = swav_balance_hook(f, balance, &swav, &terms);
+    train_loss_and_grad(m, J.ts, w, 1.f / T);
     double router_norm = 0;
-    for (const auto& b : gr)
+    for (const auto& b : J.gr)
       for (float x : b) router_norm += (double)x * x;
     EXPECT_GT(router_norm, 1e-12) << "the routers must still learn";
-    return g;
+    return J.g;
   };
   auto max_diff = [](const std::vector<std::vector<float>>& a, const std::vector<std::vector<float>>& b) {
     double d = 0;

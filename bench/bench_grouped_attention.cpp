@@ -57,7 +57,7 @@ nlohmann::json bench_grouped_attention(int64_t n, int reps) {
   const cpu::GroupedRouting routing{G, RH, key_group.data(), kq, query_groups.data()};
   cpu::GroupedKeyIndex idx;
   const double t_index = median_seconds([&] { idx.build(routing, n); }, reps);
-  const double pairs = (double)cpu::grouped_pair_count(s, routing);
+  const double pairs = (double)cpu::grouped_pair_count(s, routing, idx);
   const double density = pairs / ((double)s.heads * n * (n + 1) / 2);
   const double t_grouped =
       median_seconds([&] { cpu::grouped_attention(q.data(), k.data(), v.data(), o.data(), lse.data(), s, routing, idx); },

@@ -87,7 +87,9 @@ PretrainResult run_pretrain(const PretrainOptions& o) {
   if (with_focus)
     task.identity.update({{"window", o.focus.local_window}, {"sinks", o.focus.sinks}, {"groups", o.focus.groups},
                           {"dg", o.focus.dg}, {"tau", o.focus.tau}, {"balance", o.balance},
-                          {"balance_weight", o.balance_weight}, {"router_detach", o.router_detach}});
+                          {"balance_weight", o.balance_weight}});
+  // Named only when set, so checkpoints written without the option still match.
+  if (with_focus && o.router_detach) task.identity["router_detach"] = true;
   for (size_t i = 0; i < p.data.size(); ++i) {
     task.params.push_back(&p.data[i]);
     task.block_names.push_back(p.tensors[i].name + ".");

@@ -23,8 +23,8 @@ namespace decode_detail {
 using namespace simd;
 
 // Rows read ahead: a row list gathered from the groups is scattered over the cache, so the
-// hardware prefetchers do not see it coming; every cache line of the key row (and of the value
-// row, which the value pass reads soon after) is requested this many keys ahead.
+// hardware prefetchers do not see it coming; every cache line of a key row (in the score pass)
+// or of a value row (in the value pass) is requested this many keys ahead.
 constexpr int64_t kAhead = 12;
 
 template <class E>
@@ -51,10 +51,7 @@ template <class E>
 void slice_generic(const float* q, int64_t nh, const E* k, const E* v, int64_t kv_stride, const int32_t* idx,
                    const float* bias, int64_t len, int64_t D, float scale, float* sc, float* parts, int64_t part) {
   for (int64_t m = 0; m < len; ++m) {
-    if (m + kAhead < len) {
-      prefetch_row(k + (int64_t)idx[m + kAhead] * kv_stride, D);
-      prefetch_row(v + (int64_t)idx[m + kAhead] * kv_stride, D);
-    }
+    if (m + kAhead < len) prefetch_row(k + (int64_t)idx[m + kAhead] * kv_stride, D);
     const E* kr = k + (int64_t)idx[m] * kv_stride;
     const float b = bias ? bias[m] : 0.f;
     for (int64_t hh = 0; hh < nh; ++hh) sc[hh * kSlice + m] = dot(q + hh * D, kr, D) * scale + b;
@@ -95,10 +92,7 @@ void slice_vec(const float* q, int64_t nh, const E* k, const E* v, int64_t kv_st
   constexpr int64_t D = NV * kV;
   const int64_t lv = round_up(len);
   for (int64_t m = 0; m < len; ++m) {
-    if (m + kAhead < len) {
-      prefetch_row(k + (int64_t)idx[m + kAhead] * kv_stride, D);
-      prefetch_row(v + (int64_t)idx[m + kAhead] * kv_stride, D);
-    }
+    if (m + kAhead < len) prefetch_row(k + (int64_t)idx[m + kAhead] * kv_stride, D);
     const E* kr = k + (int64_t)idx[m] * kv_stride;
     vf kr_v[NV];
     for (int x = 0; x < NV; ++x) kr_v[x] = kv_load_vec(kr + x * kV);

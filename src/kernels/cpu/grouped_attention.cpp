@@ -609,29 +609,6 @@ void grouped_attention(const float* q, KvView k, KvView v, float* o, float* lse,
   grouped_attention(q, kf.data(), vf.data(), o, lse, s, r, idx);
 }
 
-int64_t grouped_pair_count(const AttnShape& s, const GroupedRouting& r) {
-  check_shape(s);
-  check_routing(s, r);
-  check_key_groups(r.key_group, s.n_kv, r.n_groups, r.route_heads);
-  const int64_t G = r.n_groups, RH = r.route_heads, w = s.local_window, S = s.sinks;
-  // cnt[r][g]: keys S <= j <= p - w of group g under routing head r, for the current row's p.
-  std::vector<int64_t> cnt(RH * G, 0);
-  int64_t next = S, total = 0;
-  for (int64_t t = 0; t < s.n_q; ++t) {
-    const int64_t p = s.q_pos0 + t;
-    for (; next <= p - w; ++next)
-      for (int64_t rh = 0; rh < RH; ++rh) ++cnt[rh * G + r.key_group[rh * s.n_kv + next]];
-    total += s.heads * (std::min(p + 1, w) + std::min(S, std::max<int64_t>(0, p - w + 1)));
-    for (int64_t h = 0; h < s.heads; ++h) {
-      const int32_t* gs = r.query_groups + (t * s.heads + h) * r.kq;
-      const int64_t base = route_of(s, r, h) * G;
-      for (int c = 0; c < r.kq; ++c)
-        if (gs[c] >= 0) total += cnt[base + gs[c]];
-    }
-  }
-  return total;
-}
-
 int64_t grouped_pair_count(const AttnShape& s, const GroupedRouting& r, const GroupedKeyIndex& idx) {
   check_shape(s);
   check_routing(s, r);

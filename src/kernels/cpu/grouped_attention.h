@@ -92,10 +92,8 @@ void grouped_attention(const float* q, KvView k, KvView v, float* o, float* lse,
                        const GroupedRouting& routing, const GroupedKeyIndex& idx);
 
 // Exact visible (row, key) pairs summed over the query heads (density = count / (heads * causal
-// pairs)), in O(n_kv + n_q * heads * kq) with running per-group counts; reads key_group.
-int64_t grouped_pair_count(const AttnShape& s, const GroupedRouting& routing);
-// The same from the key index (routing.key_group is not read), in O(n_q * heads * kq * log n_kv):
-// what a decoding step counts without a pass over every cached key.
+// pairs)), from the key index (routing.key_group is not read) in O(n_q * heads * kq * log n_kv):
+// a decoding step counts its pairs without a pass over every cached key.
 int64_t grouped_pair_count(const AttnShape& s, const GroupedRouting& routing, const GroupedKeyIndex& idx);
 
 // grouped_attention keeps its key tiles and partial states in buffers of the calling thread that

@@ -195,6 +195,40 @@ TEST_P(QuantMatvecType, WithinBoundOfExactProduct) {
   }
 }
 
+// The integer GEMM of prefill: within the same bound of the exact product, and equal to
+// quant_matvec on the same rows up to rounding (same quantised activations, same terms), for M
+// that are and are not multiples of its 6-row tiles and row counts that are not multiples of its
+// 32-row panels.
+TEST_P(QuantMatvecType, GemmWithinBoundAndAgreesWithMatvec) {
+  IsaGuard guard;
+  if (!cpu::set_quant_isa("avx512vnni")) GTEST_SKIP() << "this CPU has no AVX-512 VNNI";
+  std::mt19937 rng(777 + (int)GetParam());
+  bool any = false;
+  for (const Case& c : cases_for(GetParam())) {
+    const std::vector<uint8_t> bytes = random_weight(c.type, c.rows, c.cols, rng);
+    const Weight W{c.type, c.rows, c.cols, bytes.data()};
+    if (!cpu::quant_gemm_supported(W)) {
+      EXPECT_TRUE(is_float_type(c.type)) << focus::io::type_name(c.type) << " has no integer GEMM";
+      continue;
+    }
+    any = true;
+    for (int64_t M : {1, 6, 13, 40}) {
+      const std::vector<float> x = random_x(M, c.cols, rng);
+      const Expect e = reference(W, x, M);
+      std::vector<float> y((size_t)(M * c.rows), NAN), ref((size_t)(M * c.rows), NAN);
+      cpu::quant_gemm(x.data(), W, y.data(), M);
+      cpu::quant_matvec(x.data(), W, ref.data(), M);
+      for (size_t i = 0; i < y.size(); ++i) {
+        const std::string where = std::string(focus::io::type_name(c.type)) + " " + std::to_string(c.rows) + "x" +
+                                  std::to_string(c.cols) + " M " + std::to_string(M) + " output " + std::to_string(i);
+        ASSERT_LE(std::fabs((double)y[i] - e.exact[i]), e.quant[i] + e.rounding[i]) << where;
+        ASSERT_LE(std::fabs((double)y[i] - ref[i]), 2 * e.rounding[i]) << where << ": " << y[i] << " vs " << ref[i];
+      }
+    }
+  }
+  EXPECT_EQ(any, !is_float_type(GetParam()));
+}
+
 // The instruction sets use the same quantised activations, so they differ by rounding only.
 TEST_P(QuantMatvecType, InstructionSetsAgree) {
   IsaGuard guard;

@@ -14,6 +14,7 @@
 #include "core/mapped_file.h"
 #include "io/ggml_types.h"
 #include "kernels/cpu/ops.h"
+#include "kernels/cpu/quant_matvec.h"
 #include "eval/perplexity.h"
 #include "model/model.h"
 #include "test_models.h"
@@ -66,26 +67,47 @@ TEST(Weights, Bf16RoundsToNearestEven) {
   }
 }
 
-// The prefill path of a quantised weight: tiles of W dequantised into sgemm, over several tiles
-// (8 MB of float32 per tile: 256 rows of 8192), with a bias, and the input gradient.
+// Sets linear()'s prefill GEMM for one scope.
+struct PrefillGemmGuard {
+  cpu::PrefillGemm saved = cpu::prefill_gemm();
+  explicit PrefillGemmGuard(cpu::PrefillGemm m) { cpu::set_prefill_gemm(m); }
+  ~PrefillGemmGuard() { cpu::set_prefill_gemm(saved); }
+};
+
+// The prefill paths of a quantised weight. Dequant: tiles of W dequantised into sgemm, over
+// several tiles (8 MB of float32 per tile: 256 rows of 8192), with a bias, and the input gradient.
+// Int8 (where the CPU has it): the integer GEMM plus the bias, within the activation-rounding
+// bound of quant_matvec.h (sum over 32-blocks of d_b / 2 times the block's sum of |W|).
 TEST(Weights, QuantisedLinearTilesMatchAFloat64Reference) {
   const int64_t N = 600, K = 8192, M = 13;
   const std::vector<uint8_t> bytes = random_q8_0(N, K, 1);
   const Weight W{GGMLType::Q8_0, N, K, bytes.data()};
   const std::vector<float> Wf = dequantize_all(W);
   const std::vector<float> x = random_vec(M * K, 2), bias = random_vec(N, 3), dy = random_vec(M * N, 4);
-  std::vector<float> y(M * N), dx(M * K, 1.0f);
-  cpu::linear(x.data(), W, bias.data(), y.data(), M, K, N);
+  std::vector<float> y(M * N), y8(M * N), dx(M * K, 1.0f);
+  {
+    PrefillGemmGuard g(cpu::PrefillGemm::Dequant);
+    cpu::linear(x.data(), W, bias.data(), y.data(), M, K, N);
+  }
+  const bool int8 = cpu::quant_gemm_supported(W);
+  if (int8) {
+    PrefillGemmGuard g(cpu::PrefillGemm::Int8);
+    cpu::linear(x.data(), W, bias.data(), y8.data(), M, K, N);
+  }
   cpu::linear_backward_input(dy.data(), W, dx.data(), M, K, N, /*accumulate=*/true);
-  double worst = 0, worst_dx = 0;
+  double worst = 0, worst_dx = 0, worst8 = 0;
+  std::vector<float> d(K / cpu::kQuantActBlock);
   for (int64_t m = 0; m < M; ++m) {
+    cpu::quantize_activation_scales(x.data() + m * K, K, d.data());
     for (int64_t n = 0; n < N; ++n) {
-      double ref = bias[n], mag = std::fabs(bias[n]);
+      double ref = bias[n], mag = std::fabs(bias[n]), qb = 0;
       for (int64_t k = 0; k < K; ++k) {
         ref += (double)x[m * K + k] * Wf[n * K + k];
         mag += std::fabs((double)x[m * K + k] * Wf[n * K + k]);
+        qb += d[k / cpu::kQuantActBlock] / 2.0 * std::fabs(Wf[n * K + k]);
       }
       worst = std::max(worst, std::fabs(y[m * N + n] - ref) / mag);
+      if (int8) worst8 = std::max(worst8, std::fabs(y8[m * N + n] - ref) / (qb + 1e-5 * mag));
     }
     for (int64_t k = 0; k < K; k += 97) {
       double ref = 1.0, mag = 1.0;
@@ -99,6 +121,7 @@ TEST(Weights, QuantisedLinearTilesMatchAFloat64Reference) {
   // float32 accumulation over K terms: well inside 1e-5 of the sum of magnitudes.
   EXPECT_LT(worst, 1e-5);
   EXPECT_LT(worst_dx, 1e-5);
+  EXPECT_LE(worst8, 1.0);  // within the bound (0 where the CPU has no integer GEMM)
   EXPECT_THROW(cpu::linear(x.data(), W, nullptr, y.data(), M, K + 32, N), Error);  // shape checked
 }
 
@@ -122,6 +145,30 @@ TEST(Weights, Llama2cNativeViewsTheFile) {
 }
 
 namespace {
+
+// Log-probabilities of ids[i + 1] for i < ids.size() - 1 from one prefill of all of ids.
+std::vector<double> prefill_logprobs(const Model& m, const std::vector<int32_t>& ids) {
+  const int64_t T = (int64_t)ids.size();
+  KVCache cache;
+  cache.init(m.cfg, T);
+  std::vector<float> h(T * m.cfg.dim), logits((T - 1) * m.cfg.vocab);
+  forward(m, ids.data(), T, cache, h.data());
+  compute_logits(m, h.data(), T - 1, logits.data());
+  std::vector<double> lp;
+  for (int64_t i = 0; i + 1 < T; ++i) lp.push_back(cpu::log_prob(logits.data() + i * m.cfg.vocab, m.cfg.vocab, ids[i + 1]));
+  return lp;
+}
+
+// Mean |la - lb| and the relative change of the summed NLL.
+std::pair<double, double> logprob_change(const std::vector<double>& la, const std::vector<double>& lb) {
+  double mean_abs = 0, sum_a = 0, sum_b = 0;
+  for (size_t i = 0; i < la.size(); ++i) {
+    mean_abs += std::fabs(la[i] - lb[i]) / la.size();
+    sum_a += la[i];
+    sum_b += lb[i];
+  }
+  return {mean_abs, std::fabs(sum_a - sum_b) / std::fabs(sum_b)};
+}
 
 // Log-probabilities of ids[i + 1] for i in [P - 1, ids.size() - 1): prefill of P tokens, then
 // one token at a time (the decoding path: quantised kernels in native mode).
@@ -153,22 +200,29 @@ void check_real_model(const std::string& path, GGMLType q_type) {
   ASSERT_GT(book.size(), 30000u);
   std::vector<int32_t> ids = a->tok->encode(book.substr(20000, 4000), true);
   ids.resize(112);
-  // Prefill (more than kMatvecMaxRows rows): the same dequantised weights as the exact path.
-  const std::vector<float> ha = test::hidden_of(*a, ids, nullptr), hb = test::hidden_of(*b, ids, nullptr);
-  EXPECT_LT(test::max_abs_diff(ha, hb), 1e-3);
-  // Decoding: activations quantised to int8 per block of 32 move the log-probabilities a little
-  // (measured over 300 tokens: mean |change| 0.066 nats, NLL +0.8% for SmolLM2; 0.046, +0.4% for
-  // Gemma 3). A kernel error (a dropped min or offset term) moves them by whole nats.
-  const int64_t P = 12;
-  const std::vector<double> la = decode_logprobs(*a, ids, P), lb = decode_logprobs(*b, ids, P);
-  double mean_abs = 0, sum_a = 0, sum_b = 0;
-  for (size_t i = 0; i < la.size(); ++i) {
-    mean_abs += std::fabs(la[i] - lb[i]) / la.size();
-    sum_a += la[i];
-    sum_b += lb[i];
+  // Prefill (more than kMatvecMaxRows rows) through dequantised tiles: the same weights as the
+  // exact path.
+  {
+    PrefillGemmGuard g(cpu::PrefillGemm::Dequant);
+    const std::vector<float> ha = test::hidden_of(*a, ids, nullptr), hb = test::hidden_of(*b, ids, nullptr);
+    EXPECT_LT(test::max_abs_diff(ha, hb), 1e-3);
   }
+  // Decoding, and prefill through the integer GEMM: activations quantised to int8 per block of 32
+  // move the log-probabilities a little (measured over 300 tokens of decoding: mean |change| 0.066
+  // nats, NLL +0.8% for SmolLM2; 0.046, +0.4% for Gemma 3). A kernel error (a dropped min or
+  // offset term) moves them by whole nats.
+  const int64_t P = 12;
+  const std::vector<double> lb = decode_logprobs(*b, ids, P);
+  const auto [mean_abs, rel] = logprob_change(decode_logprobs(*a, ids, P), lb);
   EXPECT_LT(mean_abs, 0.1) << path;
-  EXPECT_LT(std::fabs(sum_a - sum_b) / std::fabs(sum_b), 0.02) << path;  // the window's NLL within 2%
+  EXPECT_LT(rel, 0.02) << path;  // the window's NLL within 2%
+  if (cpu::quant_gemm_supported(a->w.layers[0].wq)) {
+    PrefillGemmGuard g(cpu::PrefillGemm::Int8);
+    const auto [pf_abs, pf_rel] = logprob_change(prefill_logprobs(*a, ids), prefill_logprobs(*b, ids));
+    EXPECT_GT(pf_abs, 0.0) << path;  // the integer GEMM ran
+    EXPECT_LT(pf_abs, 0.1) << path;
+    EXPECT_LT(pf_rel, 0.02) << path;
+  }
 }
 
 }  // namespace

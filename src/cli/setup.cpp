@@ -3,6 +3,7 @@
 #include <cstdio>
 
 #include "core/error.h"
+#include "kernels/cpu/ops.h"
 #include "train/lora.h"
 
 namespace focus::cli {
@@ -95,6 +96,11 @@ void ModelSetup::add_model(CLI::App* app, bool required, bool positional) {
                   "how the matrices are held: native (the file's format, quantised kernels; default), f32 "
                   "(dequantised at load: the exact path) or bf16")
       ->check(CLI::IsMember({"native", "f32", "bf16"}));
+  app->add_option("--prefill-gemm", prefill_gemm,
+                  "quantised weights times many rows (prefill, scoring): int8 (integer GEMM on int8 "
+                  "activations where the CPU has AVX-512 VNNI; default) or dequant (float32 tiles through sgemm: "
+                  "the f32 path's result)")
+      ->check(CLI::IsMember({"int8", "dequant"}));
 }
 
 void ModelSetup::add_kv_type(CLI::App* app) {
@@ -141,6 +147,7 @@ Loaded ModelSetup::load() const {
   LoadOptions lo;
   lo.tokenizer = tokenizer;
   lo.weights = parse_weights_mode(weights);
+  cpu::set_prefill_gemm(prefill_gemm == "dequant" ? cpu::PrefillGemm::Dequant : cpu::PrefillGemm::Int8);
   Loaded l;
   l.model = load_model(model, lo);
   if (!lora.empty()) {

@@ -65,10 +65,12 @@ struct ModelSetup {
   std::string model, tokenizer, lora;
   std::string weights = "native";  // --weights native|f32|bf16
   std::string kv_type = "auto";    // --kv-type auto|f32|f16|bf16 (add_kv_type)
+  std::string prefill_gemm = "int8";  // --prefill-gemm int8|dequant
   FocusFlags focus;
   std::string attention;  // --attention SPEC (registered with add_focus)
   bool as_json = false;
-  // --model MODEL (required or not), or with `positional` a MODEL argument; --tokenizer and --weights.
+  // --model MODEL (required or not), or with `positional` a MODEL argument; --tokenizer, --weights
+  // and --prefill-gemm.
   void add_model(CLI::App* app, bool required = true, bool positional = false);
   void add_lora(CLI::App* app);
   // --kv-type (subcommands that run a KV cache: generate, eval, bench model).

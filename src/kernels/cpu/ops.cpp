@@ -3,6 +3,7 @@
 #include <cblas.h>
 
 #include <algorithm>
+#include <atomic>
 #include <bit>
 #include <chrono>
 #include <cmath>
@@ -119,12 +120,24 @@ const float* dequantized_tile(const Weight& W, int64_t r0, int64_t n) {
 
 }  // namespace
 
+namespace {
+std::atomic<int>& prefill_gemm_mode() {
+  static std::atomic<int> mode{(int)PrefillGemm::Int8};
+  return mode;
+}
+}  // namespace
+
+void set_prefill_gemm(PrefillGemm mode) { prefill_gemm_mode() = (int)mode; }
+PrefillGemm prefill_gemm() { return (PrefillGemm)prefill_gemm_mode().load(); }
+
 void linear(const float* x, const Weight& W, const float* bias, float* y, int64_t M, int64_t K, int64_t N) {
   check_shape(W, K, N);
   if (W.is_f32()) return linear(x, W.f32_data(), bias, y, M, K, N);
   GemmTimer timer(2.0 * M * N * K);
-  if (M <= kMatvecMaxRows) {
-    quant_matvec(x, W, y, M);
+  const bool int8_gemm = M > kMatvecMaxRows && prefill_gemm() == PrefillGemm::Int8 && quant_gemm_supported(W);
+  if (M <= kMatvecMaxRows || int8_gemm) {
+    if (int8_gemm) quant_gemm(x, W, y, M);
+    else quant_matvec(x, W, y, M);
     if (bias)
       for (int64_t r = 0; r < M; ++r)
         for (int64_t c = 0; c < N; ++c) y[r * N + c] += bias[c];

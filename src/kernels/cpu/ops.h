@@ -13,10 +13,17 @@ namespace focus::cpu {
 void linear(const float* x, const float* W, const float* bias, float* y, int64_t M, int64_t K, int64_t N);
 // Same for a weight in any type (W.rows == N, W.cols == K, checked). F32 weights take the float path
 // above. Otherwise a few rows (decoding: M <= kMatvecMaxRows) go through the quantised
-// matrix-vector kernels (quant_matvec.h), and more rows (prefill) through tiles of W dequantised
-// into float32 and sgemm.
+// matrix-vector kernels (quant_matvec.h), and more rows (prefill) as prefill_gemm() says.
 constexpr int64_t kMatvecMaxRows = 8;
 void linear(const float* x, const Weight& W, const float* bias, float* y, int64_t M, int64_t K, int64_t N);
+
+// How linear() multiplies a quantised weight by more than kMatvecMaxRows rows (prefill, scoring):
+// Int8: the integer GEMM (quant_gemm: int8 activations, as decoding uses them) where the CPU and
+// the weight type allow it, else Dequant; Dequant: tiles of W dequantised into float32 through
+// sgemm (the float32 weights' result up to rounding). Process-wide; the default is Int8.
+enum class PrefillGemm { Int8, Dequant };
+void set_prefill_gemm(PrefillGemm mode);
+PrefillGemm prefill_gemm();
 // Same, accumulating: y += x * W^T.
 void linear_acc(const float* x, const float* W, float* y, int64_t M, int64_t K, int64_t N);
 

@@ -363,6 +363,64 @@ Kernel pick_kernel(GGMLType t, int isa) {
   return {generic_float_rows, ActLayout::Natural, false, ActLanes::None};
 }
 
+// ---------------------------------------------------------------- int8 GEMM (many rows of x)
+
+// Elements per scale group of a type quant_gemm takes (0: none).
+int gemm_group(GGMLType t) {
+  switch (t) {
+    case GGMLType::Q4_0: case GGMLType::Q4_1: case GGMLType::Q5_0: case GGMLType::Q5_1: case GGMLType::Q8_0:
+    case GGMLType::Q4_K: case GGMLType::Q5_K:
+      return 32;
+    case GGMLType::Q2_K: case GGMLType::Q3_K: case GGMLType::Q6_K: return 16;
+    default: return 0;
+  }
+}
+bool gemm_has_b(GGMLType t) {
+  return t == GGMLType::Q4_1 || t == GGMLType::Q5_1 || t == GGMLType::Q2_K || t == GGMLType::Q4_K ||
+         t == GGMLType::Q5_K;
+}
+
+constexpr int kPanelRows = 32;
+
+struct PanelBuf {
+  std::vector<int8_t> q;
+  std::vector<float> A, B;
+  std::vector<int32_t> negcorr;
+  IntRow row;
+};
+
+// Rows [n0, n0 + rows) of W decoded to integers and interleaved as gemm_panel_avx512 reads them.
+void pack_panel(const Weight& W, int64_t n0, int rows, PanelBuf& pb, GemmPanel& p) {
+  const int64_t K = W.cols;
+  const int group = gemm_group(W.type);
+  const int64_t ng = K / group;
+  pb.q.assign((size_t)(K * kPanelRows), 0);
+  pb.A.assign((size_t)(ng * kPanelRows), 0.f);
+  pb.B.assign((size_t)(ng * kPanelRows), 0.f);
+  pb.negcorr.assign((size_t)(ng * kPanelRows), 0);
+  for (int r = 0; r < rows; ++r) {
+    decode_row(W.type, W.row(n0 + r), K, pb.row);
+    const int8_t* q = pb.row.q.data();
+    int8_t* dst = pb.q.data() + 4 * r;
+    for (int64_t k = 0; k < K; k += 4, dst += 4 * kPanelRows) std::memcpy(dst, q + k, 4);
+    for (int64_t g = 0; g < ng; ++g) {
+      int32_t sum = 0;
+      for (int i = 0; i < group; ++i) sum += q[g * group + i];
+      pb.negcorr[(size_t)(g * kPanelRows + r)] = -128 * sum;
+      pb.A[(size_t)(g * kPanelRows + r)] = pb.row.a[(size_t)(g * group / 16)];
+      pb.B[(size_t)(g * kPanelRows + r)] = pb.row.b[(size_t)(g * group / 16)];
+    }
+  }
+  p.K = K;
+  p.rows = rows;
+  p.group = group;
+  p.has_b = gemm_has_b(W.type);
+  p.q = pb.q.data();
+  p.A = pb.A.data();
+  p.B = pb.B.data();
+  p.negcorr = pb.negcorr.data();
+}
+
 }  // namespace
 
 void quantize_activation_scales(const float* x, int64_t K, float* d) {
@@ -385,6 +443,48 @@ bool set_quant_isa(const std::string& name) {
   if (!quant_isa_supported(name)) return false;
   current_isa() = isa_index(name);
   return true;
+}
+
+bool quant_gemm_supported(const Weight& W) {
+  return current_isa().load() == Avx512 && gemm_group(W.type) > 0 && W.cols > 0 && W.cols % 32 == 0;
+}
+
+void quant_gemm(const float* x, const Weight& W, float* y, int64_t M) {
+  FOCUS_CHECK(quant_gemm_supported(W), "quant_gemm: no integer GEMM for a ", io::type_name(W.type), " weight of ",
+              W.cols, " columns on this CPU (", quant_isa(), ")");
+  FOCUS_CHECK(M >= 0 && W.rows >= 0, "quant_gemm: bad shape");
+  if (M == 0 || W.rows == 0) return;
+  const int64_t K = W.cols, N = W.rows;
+  // The calling thread's buffers, reached through plain pointers inside the parallel regions (each
+  // thread has its own thread_local objects).
+  thread_local std::vector<uint8_t> ubuf;
+  thread_local std::vector<float> dbuf, sbuf;
+  ubuf.resize((size_t)(M * K));
+  dbuf.resize((size_t)(M * K / 32));
+  sbuf.resize((size_t)(M * K / 16));
+  uint8_t* const u = ubuf.data();
+  float *const d32 = dbuf.data(), *const s16 = sbuf.data();
+  const bool par = omp_get_max_threads() > 1 && !omp_in_parallel();
+#pragma omp parallel for schedule(static) if (par && M * K > 65536)
+  for (int64_t m = 0; m < M; ++m) {
+    thread_local std::vector<int32_t> sum16;
+    sum16.resize((size_t)(K / 16));
+    uint8_t* um = u + m * K;
+    float* dm = d32 + m * (K / 32);
+    quantize_row_avx512(x + m * K, K, reinterpret_cast<int8_t*>(um), dm, sum16.data());
+    for (int64_t k = 0; k < K; ++k) um[k] ^= 0x80;  // q + 128
+    for (int64_t b = 0; b < K / 16; ++b) s16[m * (K / 16) + b] = dm[b / 2] * (float)sum16[(size_t)b];
+  }
+  const GemmAct a{M, K, K / 32, K / 16, u, d32, s16};
+  const int64_t np = (N + kPanelRows - 1) / kPanelRows;
+#pragma omp parallel for schedule(dynamic, 1) if (par && np > 1)
+  for (int64_t i = 0; i < np; ++i) {
+    thread_local PanelBuf pb;
+    GemmPanel p{};
+    const int64_t n0 = i * kPanelRows;
+    pack_panel(W, n0, (int)std::min<int64_t>(kPanelRows, N - n0), pb, p);
+    gemm_panel_avx512(p, a, y, N, n0);
+  }
 }
 
 void quant_matvec(const float* x, const Weight& W, float* y, int64_t M) {

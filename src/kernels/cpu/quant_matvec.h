@@ -28,6 +28,15 @@ namespace focus::cpu {
 // change with M, the thread count or the row chunking.
 void quant_matvec(const float* x, const Weight& W, float* y, int64_t M);
 
+// The same products for many rows of x (prefill), as a GEMM in integers: x is quantised exactly as
+// quant_matvec does (int8 per 32-element block), the weights are decoded into panels of 32 rows
+// of signed bytes, and each output is sum_g A_g d_g (sum_{k in g} q_w q_x) + B_g s_g over the
+// weight's scale groups g (16 or 32 elements): the same terms as quant_matvec, summed in another
+// order, so the error bound above holds. Only with the AVX-512 VNNI instruction set and for
+// Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K and Q6_K weights (quant_gemm_supported).
+bool quant_gemm_supported(const Weight& W);
+void quant_gemm(const float* x, const Weight& W, float* y, int64_t M);
+
 // Elements of x sharing one activation scale.
 inline constexpr int64_t kQuantActBlock = 32;
 

@@ -65,6 +65,27 @@ using QuantizeRowFn = void (*)(const float* x, int64_t K, int8_t* q, float* d, i
 void quantize_row_avx512(const float* x, int64_t K, int8_t* q, float* d, int32_t* sum16);
 void quantize_row_avx2(const float* x, int64_t K, int8_t* q, float* d, int32_t* sum16);
 
+// quant_gemm: a panel of 32 weight rows (rows beyond `rows` are zero) with w = A q + B per group
+// of `group` elements (16 or 32); q is interleaved as [K / 4][32 rows][4 elements].
+struct GemmPanel {
+  int64_t K;
+  int rows, group;
+  bool has_b;
+  const int8_t* q;
+  const float* A;           // [K / group][32]
+  const float* B;           // [K / group][32] (read only when has_b)
+  const int32_t* negcorr;   // [K / group][32]: -128 * (sum of the group's q)
+};
+// quant_gemm's activations: u = q + 128 (q the signed int8 values of quantize_row_*).
+struct GemmAct {
+  int64_t M, Kp, nb32, nb16;
+  const uint8_t* u;   // [M][Kp]
+  const float* d32;   // [M][nb32]: scale of each 32-block
+  const float* s16;   // [M][nb16]: d32 * (sum of each 16 q)
+};
+// y[m * ldy + n0 + r] for m < a.M, r < p.rows.
+void gemm_panel_avx512(const GemmPanel& p, const GemmAct& a, float* y, int64_t ldy, int64_t n0);
+
 // Kernels of each instruction set; fn == nullptr where the file has none for that type.
 Kernel kernel_avx512(io::GGMLType t);
 Kernel kernel_avx2(io::GGMLType t);

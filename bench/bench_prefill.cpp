@@ -4,7 +4,8 @@
 // useful-FLOP utilisation against the same sgemm peak; and the soft-mode Focus attention kernels
 // alone at --soft-attn tokens (bench_soft_attention.h); and the grouped Focus attention kernel
 // against dense attention at --grouped-attn tokens (bench_grouped_attention.h). With
-// --quant-matvec [full], only the quantised matrix-vector kernels (bench_quant_matvec.h).
+// --quant-matvec [full], only the quantised matrix-vector kernels; with --quant-gemm M, only the
+// prefill GEMM of M rows against dequantised tiles + sgemm (bench_quant_matvec.h).
 //   focus_bench [--model smollm2] [--ctx 512,2048] [--train-ctx 1024] [--soft-attn 2048]
 //               [--grouped-attn 8192] [--reps 3] [--threads T] [--json FILE]
 #include <cblas.h>
@@ -51,6 +52,7 @@ int main(int argc, char** argv) {
   int reps = 3, threads = 0;
   int64_t train_ctx = 1024, soft_attn = 2048, grouped_attn = 0;
   std::string quant_matvec;  // "", "models" or "full"
+  int64_t quant_gemm = 0;    // rows of the prefill GEMM benchmark (0: not run)
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     auto next = [&]() -> std::string {
@@ -67,6 +69,7 @@ int main(int argc, char** argv) {
     else if (a == "--train-ctx") train_ctx = std::stoll(next());
     else if (a == "--soft-attn") soft_attn = std::stoll(next());
     else if (a == "--grouped-attn") grouped_attn = std::stoll(next());
+    else if (a == "--quant-gemm") quant_gemm = std::stoll(next());
     else if (a == "--quant-matvec") quant_matvec = (i + 1 < argc && std::string(argv[i + 1]) == "full") ? next() : "models";
     else if (a == "--ctx") {
       ctxs.clear();
@@ -75,15 +78,16 @@ int main(int argc, char** argv) {
     } else {
       std::fprintf(stderr, "usage: focus_bench [--model M] [--ctx 512,2048] [--train-ctx N (0: skip)] "
                            "[--soft-attn N (0: skip)] [--grouped-attn N (0: skip)] [--reps N] [--threads T] "
-                           "[--json FILE] [--quant-matvec [full]]\n");
+                           "[--json FILE] [--quant-matvec [full]] [--quant-gemm M]\n");
       return 2;
     }
   }
   try {
     set_threads(threads);
     nlohmann::json out;
-    if (!quant_matvec.empty()) {
-      out["quant_matvec"] = bench_quant_matvec(quant_matvec == "full");
+    if (!quant_matvec.empty() || quant_gemm > 0) {
+      if (!quant_matvec.empty()) out["quant_matvec"] = bench_quant_matvec(quant_matvec == "full");
+      if (quant_gemm > 0) out["quant_gemm"] = bench_quant_gemm(quant_gemm);
       if (!json_path.empty()) std::ofstream(json_path) << out.dump(2) << "\n";
       return 0;
     }

@@ -17,6 +17,7 @@
 #include "bench_timing.h"
 #include "core/threads.h"
 #include "io/ggml_types.h"
+#include "kernels/cpu/ops.h"
 #include "kernels/cpu/quant_matvec.h"
 #include "kernels/cpu/weight.h"
 
@@ -175,6 +176,51 @@ nlohmann::json bench_quant_matvec(bool full) {
   }
   cpu::set_quant_isa(saved_isa);
   set_threads(saved_threads);
+  return rows;
+}
+
+nlohmann::json bench_quant_gemm(int64_t M) {
+  using T = GGMLType;
+  const std::vector<Shape> shapes = {{"smollm2 q/o 576x576", 576, 576, {T::Q4_1}},
+                                     {"smollm2 gate/up 1536x576", 1536, 576, {T::Q4_1}},
+                                     {"smollm2 down 576x1536", 576, 1536, {T::Q4_1}},
+                                     {"gemma3 q 1024x640", 1024, 640, {T::Q5_0}},
+                                     {"gemma3 gate/up 2048x640", 2048, 640, {T::Q5_0, T::Q8_0}},
+                                     {"gemma3 o 640x1024", 640, 1024, {T::Q4_K}},
+                                     {"gemma3 down 640x2048", 640, 2048, {T::Q4_K, T::Q6_K, T::Q8_0}}};
+  nlohmann::json rows = nlohmann::json::array();
+  const std::string saved_isa = cpu::quant_isa();
+  if (!cpu::set_quant_isa("avx512vnni")) {
+    std::printf("quant_gemm: this CPU has no AVX-512 VNNI; nothing to time\n");
+    return rows;
+  }
+  const cpu::PrefillGemm saved_gemm = cpu::prefill_gemm();
+  std::printf("%-26s %-5s %5s %3s %10s %9s %10s %9s %8s\n", "shape", "type", "M", "thr", "int8 ms", "GOP/s",
+              "f32 ms", "GFLOP/s", "speedup");
+  std::mt19937 rng(12);
+  std::normal_distribution<float> nd(0.f, 1.f);
+  for (const Shape& s : shapes) {
+    std::vector<float> x((size_t)(M * s.cols)), y((size_t)(M * s.rows));
+    for (auto& v : x) v = nd(rng);
+    for (T t : s.types) {
+      const std::vector<uint8_t> bytes = random_weight(t, s.rows, s.cols, 6);
+      const Weight W{t, s.rows, s.cols, bytes.data()};
+      const double ops = 2.0 * (double)M * (double)s.rows * (double)s.cols;
+      const double int8_s = time_it([&] { cpu::quant_gemm(x.data(), W, y.data(), M); });
+      cpu::set_prefill_gemm(cpu::PrefillGemm::Dequant);
+      const double f32_s = time_it([&] { cpu::linear(x.data(), W, nullptr, y.data(), M, s.cols, s.rows); });
+      cpu::set_prefill_gemm(saved_gemm);
+      std::printf("%-26s %-5s %5lld %3d %10.3f %9.1f %10.3f %9.1f %8.2f\n", s.name, io::type_name(t).c_str(),
+                  (long long)M, num_threads(), int8_s * 1e3, ops / int8_s / 1e9, f32_s * 1e3, ops / f32_s / 1e9,
+                  f32_s / int8_s);
+      std::fflush(stdout);
+      rows.push_back({{"shape", s.name}, {"rows", s.rows}, {"cols", s.cols}, {"type", io::type_name(t)}, {"M", M},
+                      {"threads", num_threads()}, {"int8_ms", int8_s * 1e3}, {"int8_gops", ops / int8_s / 1e9},
+                      {"dequant_sgemm_ms", f32_s * 1e3}, {"dequant_sgemm_gflops", ops / f32_s / 1e9},
+                      {"speedup", f32_s / int8_s}});
+    }
+  }
+  cpu::set_quant_isa(saved_isa);
   return rows;
 }
 

@@ -1,6 +1,7 @@
 // Backward passes: each op's input gradient against central differences of a float64 reference
 // forward, and the router gradient through whole random models (Llama GQA, Gemma 3, GPT-2)
-// against central differences of the float32 training loss.
+// against central differences of the float32 training loss. Also the log-softmax that scoring
+// uses, against float64.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -68,6 +69,27 @@ std::vector<double> rms_ref(const std::vector<double>& x, const std::vector<floa
 double gelu_ref(double v) { return 0.5 * v * (1 + std::tanh(std::sqrt(2 / M_PI) * (v + 0.044715 * v * v * v))); }
 
 }  // namespace
+
+// log_prob (vector exponentials in float32, summed in float64) against a float64 log-softmax, on
+// row lengths around the vector width and up to Gemma 3's vocabulary, logits spread from 1 to 40
+// nats; a NaN anywhere in the row gives a NaN.
+TEST(Ops, LogProbMatchesFloat64) {
+  for (int64_t n : {1, 7, 15, 16, 17, 33, 1000, 49152, 262144})
+    for (float scale : {1.f, 8.f, 40.f}) {
+      const auto x = randn((size_t)n, (uint32_t)(n * 7 + (int)scale), scale);
+      double mx = x[0];
+      for (float v : x) mx = std::max(mx, (double)v);
+      double s = 0;
+      for (float v : x) s += std::exp((double)v - mx);
+      for (int64_t t : {int64_t{0}, n / 2, n - 1}) {
+        const double ref = (double)x[(size_t)t] - mx - std::log(s);
+        EXPECT_NEAR(cpu::log_prob(x.data(), n, t), ref, 1e-6 * (1 + std::fabs(ref))) << "n " << n << " scale " << scale;
+      }
+    }
+  auto x = randn(1000, 5);
+  x[617] = std::nanf("");
+  EXPECT_TRUE(std::isnan(cpu::log_prob(x.data(), 1000, 3)));
+}
 
 TEST(OpsBackward, RmsNorm) {
   const int64_t rows = 5, dim = 12;

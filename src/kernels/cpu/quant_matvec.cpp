@@ -10,6 +10,9 @@
 #include <cmath>
 #include <cstring>
 #include <vector>
+#if defined(__F16C__)
+#include <immintrin.h>
+#endif
 
 #include "core/error.h"
 #include "kernels/cpu/quant_matvec_impl.h"
@@ -161,7 +164,14 @@ inline uint16_t rd16(const uint8_t* p) {
   std::memcpy(&v, p, 2);
   return v;
 }
-inline float h2f(const uint8_t* p) { return io::fp16_to_fp32(rd16(p)); }
+// Half to float: one instruction where the build targets F16C (exact either way).
+inline float h2f(const uint8_t* p) {
+#if defined(__F16C__)
+  return _cvtsh_ss(rd16(p));
+#else
+  return io::fp16_to_fp32(rd16(p));
+#endif
+}
 
 // One row of a quantised weight as integers: W[k] = a[k / 16] * q[k] + b[k / 16] (exactly the
 // products ggml's dequantisation forms).
@@ -394,10 +404,18 @@ void pack_panel(const Weight& W, int64_t n0, int rows, PanelBuf& pb, GemmPanel& 
   const int64_t K = W.cols;
   const int group = gemm_group(W.type);
   const int64_t ng = K / group;
-  pb.q.assign((size_t)(K * kPanelRows), 0);
-  pb.A.assign((size_t)(ng * kPanelRows), 0.f);
-  pb.B.assign((size_t)(ng * kPanelRows), 0.f);
-  pb.negcorr.assign((size_t)(ng * kPanelRows), 0);
+  // Every entry of the rows present is written below; only a partial panel's missing rows need zeros.
+  if (rows < kPanelRows) {
+    pb.q.assign((size_t)(K * kPanelRows), 0);
+    pb.A.assign((size_t)(ng * kPanelRows), 0.f);
+    pb.B.assign((size_t)(ng * kPanelRows), 0.f);
+    pb.negcorr.assign((size_t)(ng * kPanelRows), 0);
+  } else {
+    pb.q.resize((size_t)(K * kPanelRows));
+    pb.A.resize((size_t)(ng * kPanelRows));
+    pb.B.resize((size_t)(ng * kPanelRows));
+    pb.negcorr.resize((size_t)(ng * kPanelRows));
+  }
   for (int r = 0; r < rows; ++r) {
     decode_row(W.type, W.row(n0 + r), K, pb.row);
     const int8_t* q = pb.row.q.data();

@@ -18,6 +18,8 @@ Creates
                         kv_a_layernorm, kv_b_proj; per head 12 + 8 RoPE query-key dims, 10 value
                         dims, latent 16), RoPE on de-interleaved pairs, dense SwiGLU MLPs; F16.
                         The reference runs the standard form (keys and values of every head).
+  OUT_DIR/deepseek-v2-qlora-tiny/  the same with low-rank queries (q_a_proj, q_a_layernorm,
+                        q_b_proj; q_lora_rank 24), as in the full DeepSeek-V2.
 Each folder also holds reference_logits.json: {"ids": [...], "logits": [[vocab] per position],
 "nll": [...], "mean_nll": x}. The logits come from the weights exactly as stored (after rounding
 to the file's dtype). --f32 stores every model as F32. Output is deterministic (fixed seeds).
@@ -364,11 +366,11 @@ def gemma3_forward(cfg, w, ids):
 # DeepSeek-V2 (multi-head latent attention, dense MLPs)
 # ----------------------------------------------------------------------------------------------
 
-def make_deepseek_v2(dtype):
+def make_deepseek_v2(dtype, q_lora_rank=None):
     cfg = {
         "architectures": ["DeepseekV2ForCausalLM"], "model_type": "deepseek_v2",
         "vocab_size": 64, "hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 2,
-        "num_attention_heads": 4, "num_key_value_heads": 4, "q_lora_rank": None, "kv_lora_rank": 16,
+        "num_attention_heads": 4, "num_key_value_heads": 4, "q_lora_rank": q_lora_rank, "kv_lora_rank": 16,
         "qk_nope_head_dim": 12, "qk_rope_head_dim": 8, "v_head_dim": 10,
         "max_position_embeddings": 64, "rms_norm_eps": 1e-6, "rope_theta": 10000.0, "rope_scaling": None,
         "n_routed_experts": None, "first_k_dense_replace": 2, "hidden_act": "silu",
@@ -382,7 +384,12 @@ def make_deepseek_v2(dtype):
     for i in range(cfg["num_hidden_layers"]):
         p = f"model.layers.{i}."
         B.around(p + "input_layernorm.weight", (D,), 1.0, 0.2)
-        B.normal(p + "self_attn.q_proj.weight", (H * (N + R), D), 0.25)
+        if q_lora_rank:
+            B.normal(p + "self_attn.q_a_proj.weight", (q_lora_rank, D), 0.25)
+            B.around(p + "self_attn.q_a_layernorm.weight", (q_lora_rank,), 1.0, 0.2)
+            B.normal(p + "self_attn.q_b_proj.weight", (H * (N + R), q_lora_rank), 0.25)
+        else:
+            B.normal(p + "self_attn.q_proj.weight", (H * (N + R), D), 0.25)
         B.normal(p + "self_attn.kv_a_proj_with_mqa.weight", (C + R, D), 0.25)
         B.around(p + "self_attn.kv_a_layernorm.weight", (C,), 1.0, 0.2)
         B.normal(p + "self_attn.kv_b_proj.weight", (H * (N + Vd), C), 0.25)
@@ -412,7 +419,11 @@ def deepseek_v2_forward(cfg, w, ids):
     for i in range(cfg["num_hidden_layers"]):
         p = f"model.layers.{i}."
         h = rms_norm(x, w[p + "input_layernorm.weight"], eps)
-        q = heads(h @ w[p + "self_attn.q_proj.weight"].T, H)              # [H, T, N + R]
+        if cfg["q_lora_rank"]:                                             # queries from their own latent
+            qa = rms_norm(h @ w[p + "self_attn.q_a_proj.weight"].T, w[p + "self_attn.q_a_layernorm.weight"], eps)
+            q = heads(qa @ w[p + "self_attn.q_b_proj.weight"].T, H)
+        else:
+            q = heads(h @ w[p + "self_attn.q_proj.weight"].T, H)          # [H, T, N + R]
         q_nope, q_pe = q[..., :N], q[..., N:]
         ckv = h @ w[p + "self_attn.kv_a_proj_with_mqa.weight"].T          # [T, C + R]
         latent, k_pe = ckv[:, :C], ckv[:, C:]
@@ -458,6 +469,7 @@ MODELS = [
     ("llama-tiny", make_llama, llama_forward, "F16", 2),
     ("gemma3-tiny", make_gemma3, gemma3_forward, "BF16", 1),
     ("deepseek-v2-tiny", make_deepseek_v2, deepseek_v2_forward, "F16", 1),
+    ("deepseek-v2-qlora-tiny", lambda dtype: make_deepseek_v2(dtype, q_lora_rank=24), deepseek_v2_forward, "F16", 1),
 ]
 
 

@@ -62,6 +62,10 @@ TEST(HfSafetensors, Gemma3Bf16MatchesNumpyReference) { check_model("gemma3-tiny"
 TEST(HfSafetensors, DeepseekV2LatentAttentionMatchesNumpyReference) {
   check_model("deepseek-v2-tiny", Arch::DeepseekV2);
 }
+// DeepSeek-V2's full form: the queries through their own low-rank latent (q_a_proj, its norm, q_b_proj).
+TEST(HfSafetensors, DeepseekV2LowRankQueriesMatchNumpyReference) {
+  check_model("deepseek-v2-qlora-tiny", Arch::DeepseekV2);
+}
 
 // The latent KV cache: one row of RoPE key + latent per token and layer (no separate values), and
 // decoding token by token over it scores what the prefill scores, in float32 and half caches.

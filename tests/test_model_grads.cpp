@@ -41,8 +41,9 @@ ModelParams tiny_params(const std::string& arch, uint64_t seed) {
     c.embed_scale = 4.f;
     c.layer_sliding_window = {5, 0};  // a window shorter than the test window, then global
   }
-  if (c.mla()) {  // latent 8, per head 4 + 4 (RoPE) query-key dims and 6 value dims
+  if (c.mla()) {  // latent 8, query latent 6, per head 4 + 4 (RoPE) query-key dims and 6 value dims
     c.mla_kv_rank = 8;
+    c.mla_q_rank = 6;
     c.mla_nope = 4;
     c.mla_rope = 4;
     c.mla_v = 6;

@@ -105,6 +105,7 @@ TEST(TrainScratch, ConfigFileGivesTheArchitecture) {
   EXPECT_EQ(r.arch, "deepseek_v2");
   const auto m = load_model(r.model_dir);
   EXPECT_TRUE(m->cfg.mla());
+  EXPECT_EQ(m->cfg.mla_q_rank, 128);  // the preset's low-rank queries, through config.json
   EXPECT_EQ(m->cfg.dim, 64);
   EXPECT_EQ(m->cfg.layers, 2);
   EXPECT_EQ(r.params, m->w.n_params);

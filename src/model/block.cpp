@@ -68,10 +68,10 @@ AttentionCall train_call(const Model& m, int64_t layer, int64_t T, BlockActs& A)
 // key up-projection W_uk is rows [h (N + V), h (N + V) + N) of w_kv_b ([N, C]), its value
 // up-projection W_uv the next V rows ([V, C]).
 struct MlaDims {
-  int64_t D, H, N, R, C, V, HD, QH;
+  int64_t D, H, N, R, C, V, HD, QH, QR;
   explicit MlaDims(const ModelConfig& c)
       : D(c.dim), H(c.heads), N(c.mla_nope), R(c.mla_rope), C(c.mla_kv_rank), V(c.mla_v), HD(c.head_dim),
-        QH(c.mla_nope + c.mla_rope) {}
+        QH(c.mla_nope + c.mla_rope), QR(c.mla_q_rank) {}
   const float* w_uk(const float* kvb, int64_t h) const { return kvb + h * (N + V) * C; }
   const float* w_uv(const float* kvb, int64_t h) const { return kvb + (h * (N + V) + N) * C; }
 };
@@ -82,14 +82,23 @@ const float* mla_kv_b(const LayerWeights& L) {
 }
 
 // q [T, H HD] = per head [q_pe | q_nope W_uk], k [T, HD] = [k_pe | norm(latent)] (RoPE comes
-// after, on the first R dims of each row, as for any model); v gets k's rows (it may be k).
+// after, on the first R dims of each row, as for any model); v gets k's rows (it may be k). With a
+// q rank the query projection reads norm(xn W_qa^T) instead of xn.
 void mla_project(const ModelConfig& c, const LayerWeights& L, const float* xn, int64_t T, BlockActs& A, float* q,
                  float* k, float* v) {
   const MlaDims d(c);
   A.q_raw.resize(T * d.H * d.QH);
   A.kv_a.resize(T * (d.C + d.R));
   A.c_pre.resize(T * d.C);
-  cpu::linear(xn, L.wq, nullptr, A.q_raw.data(), T, d.D, d.H * d.QH);
+  if (d.QR > 0) {
+    A.q_a_pre.resize(T * d.QR);
+    A.q_a.resize(T * d.QR);
+    cpu::linear(xn, L.wq_a, nullptr, A.q_a_pre.data(), T, d.D, d.QR);
+    cpu::rmsnorm(A.q_a_pre.data(), L.q_a_norm, A.q_a.data(), T, d.QR, c.norm_eps);
+    cpu::linear(A.q_a.data(), L.wq, nullptr, A.q_raw.data(), T, d.QR, d.H * d.QH);
+  } else {
+    cpu::linear(xn, L.wq, nullptr, A.q_raw.data(), T, d.D, d.H * d.QH);
+  }
   cpu::linear(xn, L.wk, nullptr, A.kv_a.data(), T, d.D, d.C + d.R);
   for (int64_t t = 0; t < T; ++t)
     std::memcpy(A.c_pre.data() + t * d.C, A.kv_a.data() + t * (d.C + d.R), d.C * sizeof(float));
@@ -137,7 +146,7 @@ void mla_values_backward(const ModelConfig& c, const LayerWeights& L, const floa
 }
 
 // Given dq [T, H HD] and dk [T, HD] (after RoPE's backward): dxn (overwritten) and the gradients
-// of the query projection, the latent projection, its norm and W_uk.
+// of the query projection(s) and query norm, the latent projection, its norm and W_uk.
 void mla_project_backward(const ModelConfig& c, const LayerWeights& L, const float* xn, const BlockActs& A,
                           const float* dq, const float* dk, int64_t T, BlockGradScratch& S, float* dxn,
                           const LayerGrads& G) {
@@ -166,9 +175,22 @@ void mla_project_backward(const ModelConfig& c, const LayerWeights& L, const flo
   cpu::rmsnorm_backward(A.c_pre.data(), L.kv_a_norm, dcn, dc, T, d.C, c.norm_eps, false);
   for (int64_t t = 0; t < T; ++t)
     std::memcpy(S.dkv_a.data() + t * (d.C + d.R), dc + t * d.C, d.C * sizeof(float));
-  if (G.wq) cpu::linear_backward_weight(S.dq_raw.data(), xn, G.wq, nullptr, T, d.D, d.H * d.QH);
+  if (d.QR > 0) {
+    S.dq_a_norm.resize(T * d.QR);
+    S.dq_a.resize(T * d.QR);
+    if (G.wq) cpu::linear_backward_weight(S.dq_raw.data(), A.q_a.data(), G.wq, nullptr, T, d.QR, d.H * d.QH);
+    cpu::linear_backward_input(S.dq_raw.data(), L.wq, S.dq_a_norm.data(), T, d.QR, d.H * d.QH, false);
+    if (G.q_a_norm)
+      cpu::rmsnorm_backward_weight(A.q_a_pre.data(), S.dq_a_norm.data(), G.q_a_norm, T, d.QR, c.norm_eps);
+    cpu::rmsnorm_backward(A.q_a_pre.data(), L.q_a_norm, S.dq_a_norm.data(), S.dq_a.data(), T, d.QR, c.norm_eps,
+                          false);
+    if (G.wq_a) cpu::linear_backward_weight(S.dq_a.data(), xn, G.wq_a, nullptr, T, d.D, d.QR);
+    cpu::linear_backward_input(S.dq_a.data(), L.wq_a, dxn, T, d.D, d.QR, false);
+  } else {
+    if (G.wq) cpu::linear_backward_weight(S.dq_raw.data(), xn, G.wq, nullptr, T, d.D, d.H * d.QH);
+    cpu::linear_backward_input(S.dq_raw.data(), L.wq, dxn, T, d.D, d.H * d.QH, false);
+  }
   if (G.wk) cpu::linear_backward_weight(S.dkv_a.data(), xn, G.wk, nullptr, T, d.D, d.C + d.R);
-  cpu::linear_backward_input(S.dq_raw.data(), L.wq, dxn, T, d.D, d.H * d.QH, false);
   cpu::linear_backward_input(S.dkv_a.data(), L.wk, dxn, T, d.D, d.C + d.R, true);
 }
 

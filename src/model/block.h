@@ -48,6 +48,7 @@ struct BlockActs {
                                     // key RoPE part [T, kv_rank + rope] as projected
   std::vector<float> c_pre;         // MLA: the latent before its norm [T, kv_rank]
   std::vector<float> c_norm;        // MLA: the latent after its norm [T, kv_rank] (scratch)
+  std::vector<float> q_a_pre, q_a;  // MLA with a q rank: the query latent before / after its norm
   std::vector<float> att_v;         // MLA: the heads' values out of the latent [T, o_proj_dim]
   AttentionTape tape;               // the policy's own (training)
   std::vector<float> a_pre;         // attention projection before the post-attention norm
@@ -105,12 +106,13 @@ struct LayerGrads {
   float* w_down = nullptr;  float* b_down = nullptr;
   float* post_ffn_norm = nullptr;
   float* kv_a_norm = nullptr;  float* w_kv_b = nullptr;  // MLA
+  float* wq_a = nullptr;  float* q_a_norm = nullptr;     // MLA with a q rank
 };
 
 // Scratch of the backward pass, reused across layers.
 struct BlockGradScratch {
   std::vector<float> d1, dact, dgate, dup, dxn, datt, dq, dk, dv;
-  std::vector<float> datt_v, dq_raw, dkv_a, dc_norm, dc;  // MLA
+  std::vector<float> datt_v, dq_raw, dkv_a, dc_norm, dc, dq_a_norm, dq_a;  // MLA
 };
 
 // Given dx = dL/dx_out [T, D], the block's input x_in and its activations, replaces dx with

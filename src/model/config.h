@@ -41,7 +41,9 @@ struct ModelConfig {
   // the key up-projection, so attention is multi-query over rows [k_pe | latent] of head_dim =
   // mla_rope + mla_kv_rank (kv_heads 1, keys and values the same row: the KV cache holds the
   // latent once), and each head's output goes back up through the value up-projection.
-  int64_t mla_kv_rank = 0, mla_nope = 0, mla_rope = 0, mla_v = 0;
+  // mla_q_rank > 0: the queries come from a low-rank latent too (q_a_proj [q_rank, dim], its RMS
+  // norm, q_b_proj [q_proj_dim, q_rank]); 0: one q_proj [q_proj_dim, dim].
+  int64_t mla_kv_rank = 0, mla_nope = 0, mla_rope = 0, mla_v = 0, mla_q_rank = 0;
 
   bool mla() const { return mla_kv_rank > 0; }
   int64_t q_dim() const { return heads * head_dim; }   // the attention's query row

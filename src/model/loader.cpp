@@ -447,8 +447,10 @@ ModelConfig config_from_hf_json(const nlohmann::json& j, const std::string& cfg_
                     c.mla_rope > 0 && c.mla_rope % 2 == 0 && c.mla_rope <= 1024 && c.mla_v > 0 && c.mla_v <= 1024,
                 cfg_path, ": invalid latent attention sizes (kv_lora_rank ", c.mla_kv_rank, ", qk_nope_head_dim ",
                 c.mla_nope, ", qk_rope_head_dim ", c.mla_rope, ", v_head_dim ", c.mla_v, ")");
-    FOCUS_CHECK(!j.contains("q_lora_rank") || j["q_lora_rank"].is_null(), cfg_path,
-                ": q_lora_rank (a low-rank query) is not supported yet; only q_proj");
+    if (j.contains("q_lora_rank") && !j["q_lora_rank"].is_null()) {
+      c.mla_q_rank = num("q_lora_rank", int64_t(0));
+      FOCUS_CHECK(c.mla_q_rank > 0 && c.mla_q_rank <= 16384, cfg_path, ": invalid q_lora_rank ", c.mla_q_rank);
+    }
     FOCUS_CHECK(!j.contains("n_routed_experts") || j["n_routed_experts"].is_null() ||
                     num("first_k_dense_replace", int64_t(0)) >= c.layers,
                 cfg_path, ": mixture-of-experts layers are not supported (only dense MLPs)");
@@ -602,7 +604,13 @@ std::unique_ptr<Model> load_safetensors(const std::string& dir, const LoadOption
       L.w_down = mat(p + "mlp.down_proj.weight", {D, F});
       if (c.mla()) {
         const int64_t C = c.mla_kv_rank, R = c.mla_rope;
-        L.wq = mat(p + "self_attn.q_proj.weight", {c.q_proj_dim(), D});
+        if (c.mla_q_rank > 0) {
+          L.wq_a = mat(p + "self_attn.q_a_proj.weight", {c.mla_q_rank, D});
+          L.q_a_norm = get(p + "self_attn.q_a_layernorm.weight", {c.mla_q_rank});
+          L.wq = mat(p + "self_attn.q_b_proj.weight", {c.q_proj_dim(), c.mla_q_rank});
+        } else {
+          L.wq = mat(p + "self_attn.q_proj.weight", {c.q_proj_dim(), D});
+        }
         L.wk = mat(p + "self_attn.kv_a_proj_with_mqa.weight", {C + R, D});
         L.kv_a_norm = get(p + "self_attn.kv_a_layernorm.weight", {C});
         L.w_kv_b = Weight::f32(get(p + "self_attn.kv_b_proj.weight", {c.heads * (c.mla_nope + c.mla_v), C}),
@@ -671,7 +679,7 @@ int64_t ModelWeights::matrix_bytes() const {
   auto bytes = [](const Weight& w) { return w ? (int64_t)w.bytes() : 0; };
   int64_t n = bytes(tok_emb) + (lm_head.data != tok_emb.data ? bytes(lm_head) : 0);
   for (const LayerWeights& L : layers)
-    for (const Weight* w : {&L.wq, &L.wk, &L.wv, &L.wo, &L.w_gate, &L.w_up, &L.w_down}) n += bytes(*w);
+    for (const Weight* w : {&L.wq, &L.wk, &L.wv, &L.wo, &L.w_gate, &L.w_up, &L.w_down, &L.wq_a}) n += bytes(*w);
   return n;
 }
 

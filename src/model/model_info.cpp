@@ -52,10 +52,10 @@ std::string model_info_text(const Model& m) {
        (long long)c.head_dim, (long long)c.ffn, (long long)c.max_ctx);
   if (c.mla())
     appendf(s,
-            "latent attn:  kv rank %lld, per head %lld + %lld (RoPE) query-key dims, %lld value dims; run as "
-            "multi-query over rows of %lld (the KV cache holds the latent once)\n",
-            (long long)c.mla_kv_rank, (long long)c.mla_nope, (long long)c.mla_rope, (long long)c.mla_v,
-            (long long)c.head_dim);
+            "latent attn:  kv rank %lld, q rank %lld, per head %lld + %lld (RoPE) query-key dims, %lld value dims; "
+            "run as multi-query over rows of %lld (the KV cache holds the latent once)\n",
+            (long long)c.mla_kv_rank, (long long)c.mla_q_rank, (long long)c.mla_nope, (long long)c.mla_rope,
+            (long long)c.mla_v, (long long)c.head_dim);
   appendf(s, "parameters:   %lld (%.1f M)%s\n", (long long)m.w.n_params, m.w.n_params / 1e6,
        c.tied_output ? ", output tied to embeddings" : "");
   const char* rope = c.rope_dim == 0 ? "none"

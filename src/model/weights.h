@@ -16,7 +16,8 @@ namespace focus {
 // Matrices are (out, in) row-major like a Linear layer.
 struct LayerWeights {
   const float* attn_norm = nullptr;  const float* attn_norm_b = nullptr;   // [dim]
-  Weight wq;  const float* bq = nullptr;                   // [q_dim, dim] (MLA: [q_proj_dim, dim])
+  Weight wq;  const float* bq = nullptr;                   // [q_dim, dim] (MLA: [q_proj_dim, dim], or
+                                                           // q_b_proj [q_proj_dim, q_rank] with a q rank)
   Weight wk;  const float* bk = nullptr;                   // [kv_dim, dim] (MLA: the latent and the
                                                            // key's RoPE part, [kv_rank + rope, dim])
   Weight wv;  const float* bv = nullptr;                   // [kv_dim, dim] (MLA: absent)
@@ -25,6 +26,9 @@ struct LayerWeights {
   // kv_rank], float32 (per head: nope rows of keys, then v rows of values).
   const float* kv_a_norm = nullptr;
   Weight w_kv_b;
+  // MLA with low-rank queries: q_a_proj [q_rank, dim] and the norm of its output [q_rank].
+  Weight wq_a;
+  const float* q_a_norm = nullptr;
   const float* q_norm = nullptr;  const float* k_norm = nullptr;           // [head_dim]
   const float* post_attn_norm = nullptr;                                    // [dim]
   const float* ffn_norm = nullptr;  const float* ffn_norm_b = nullptr;     // [dim]

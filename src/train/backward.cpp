@@ -167,7 +167,7 @@ void check_model_grads(const Model& m, const ModelGrads& g) {
   FOCUS_CHECK(m.w.tok_emb.is_f32() && m.w.lm_head.is_f32(), "training the model's weights needs them as float32");
   for (int64_t l = 0; l < c.layers; ++l) {
     const LayerWeights& L = m.w.layers[l];
-    for (const Weight* W : {&L.wq, &L.wk, &L.wv, &L.wo, &L.w_gate, &L.w_up, &L.w_down})
+    for (const Weight* W : {&L.wq, &L.wk, &L.wv, &L.wo, &L.w_gate, &L.w_up, &L.w_down, &L.wq_a})
       FOCUS_CHECK(!*W || W->is_f32(), "training the model's weights needs them as float32 (layer ", l, ")");
   }
 }

@@ -20,7 +20,7 @@ namespace {
 // Which weight of the model a tensor is.
 enum class Slot {
   TokEmb, OutNorm, LmHead,
-  AttnNorm, Wq, Wk, Wv, Wo, QNorm, KNorm, PostAttnNorm, FfnNorm, WGate, WUp, WDown, PostFfnNorm, KvANorm, WKvB
+  AttnNorm, Wq, Wk, Wv, Wo, QNorm, KNorm, PostAttnNorm, FfnNorm, WGate, WUp, WDown, PostFfnNorm, KvANorm, WKvB, WqA, QANorm
 };
 
 struct Entry {
@@ -62,7 +62,13 @@ std::vector<Entry> layout(const ModelConfig& c) {
     const std::string p = "model.layers." + std::to_string(l) + ".";
     add(p + "input_layernorm.weight", {D}, l, Slot::AttnNorm, true);
     if (c.mla()) {
-      add(p + "self_attn.q_proj.weight", {c.q_proj_dim(), D}, l, Slot::Wq);
+      if (c.mla_q_rank > 0) {
+        add(p + "self_attn.q_a_proj.weight", {c.mla_q_rank, D}, l, Slot::WqA);
+        add(p + "self_attn.q_a_layernorm.weight", {c.mla_q_rank}, l, Slot::QANorm, true);
+        add(p + "self_attn.q_b_proj.weight", {c.q_proj_dim(), c.mla_q_rank}, l, Slot::Wq);
+      } else {
+        add(p + "self_attn.q_proj.weight", {c.q_proj_dim(), D}, l, Slot::Wq);
+      }
       add(p + "self_attn.kv_a_proj_with_mqa.weight", {c.mla_kv_rank + c.mla_rope, D}, l, Slot::Wk);
       add(p + "self_attn.kv_a_layernorm.weight", {c.mla_kv_rank}, l, Slot::KvANorm, true);
       add(p + "self_attn.kv_b_proj.weight", {c.heads * (c.mla_nope + c.mla_v), c.mla_kv_rank}, l, Slot::WKvB);
@@ -154,6 +160,7 @@ ModelConfig preset_config(const std::string& arch, int64_t vocab, int64_t ctx) {
     c.arch_name = "deepseek_v2";
     c.norm_eps = 1e-6f;
     c.mla_kv_rank = 64;
+    c.mla_q_rank = 128;
     c.mla_nope = 32;
     c.mla_rope = 16;
     c.mla_v = 32;
@@ -216,6 +223,8 @@ void set_slot(Slot s, Top& top, Layer* L, const Mat& mat, Vec vec) {
     case Slot::PostFfnNorm: L->post_ffn_norm = vec; break;
     case Slot::KvANorm: L->kv_a_norm = vec; break;
     case Slot::WKvB: L->w_kv_b = mat; break;
+    case Slot::WqA: L->wq_a = mat; break;
+    case Slot::QANorm: L->q_a_norm = vec; break;
   }
 }
 
@@ -293,7 +302,8 @@ std::string hf_config_json(const ModelConfig& c, int32_t bos, int32_t eos) {
     j["model_type"] = "deepseek_v2";
     j["architectures"] = {"DeepseekV2ForCausalLM"};
     j["hidden_act"] = "silu";
-    j["q_lora_rank"] = nullptr;
+    if (c.mla_q_rank > 0) j["q_lora_rank"] = c.mla_q_rank;
+    else j["q_lora_rank"] = nullptr;
     j["kv_lora_rank"] = c.mla_kv_rank;
     j["qk_nope_head_dim"] = c.mla_nope;
     j["qk_rope_head_dim"] = c.mla_rope;

@@ -20,8 +20,8 @@ namespace focus {
 // The presets of `focus train --arch`: "mha", "gqa", "mqa", "local-global", "mla". Sizes: dim
 // 256, 6 layers, 8 heads of 32 (kv heads 8 / 2 / 1; local-global: 2, with layers 0-1 and 3-4
 // seeing a sliding window of ctx / 4 and layers 2 and 5 the whole context; mla: DeepSeek-V2's
-// latent attention with a latent of 64, per head 32 + 16 (RoPE) query-key dims and 32 value
-// dims), SwiGLU (GeGLU for local-global) with ffn 704, tied embeddings.
+// latent attention with a key/value latent of 64, a query latent of 128, per head 32 + 16 (RoPE)
+// query-key dims and 32 value dims), SwiGLU (GeGLU for local-global) with ffn 704, tied embeddings.
 ModelConfig preset_config(const std::string& arch, int64_t vocab, int64_t ctx);
 const std::vector<std::string>& preset_names();
 

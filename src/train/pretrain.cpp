@@ -25,12 +25,25 @@ double ppl_of(double nll, int64_t n) { return n > 0 ? std::exp(nll / n) : 0; }
 
 // Forward + backward FLOPs per trained token: 6 per weight of every matrix (the output head
 // included, the embedding lookup not) and, per layer, causal attention over a window of ctx
-// (q.k and p.v: 2 * 2 * q_dim per visible key, ctx / 2 keys on average, times 3).
+// (q.k and p.v: 2 * 2 * q_dim per visible key, ctx / 2 keys on average, times 3). Latent
+// attention counts its standard form: the query (and q latent) projections, the kv latent, the
+// up-projection of every token's keys and values, and q.k over nope + rope, p.v over v dims per head.
 double flops_per_token(const ModelConfig& c, int64_t ctx) {
-  const double per_layer = (double)c.dim * (c.q_dim() + 2 * c.kv_dim()) + (double)c.q_dim() * c.dim +
-                           (double)c.dim * c.ffn * (c.mlp == MlpKind::GELU ? 2 : 3);
-  const double matrices = per_layer * (double)c.layers + (double)c.vocab * c.dim;
-  return 6 * matrices + 3 * 4.0 * (double)c.q_dim() * (ctx / 2.0) * (double)c.layers;
+  const double D = (double)c.dim;
+  double attn_matrices, attn_per_key;
+  if (c.mla()) {
+    const double qp = (double)c.q_proj_dim(), qr = (double)c.mla_q_rank;
+    attn_matrices = (qr > 0 ? D * qr + qr * qp : D * qp) + D * (double)(c.mla_kv_rank + c.mla_rope) +
+                    (double)c.heads * (double)(c.mla_nope + c.mla_v) * (double)c.mla_kv_rank +
+                    (double)c.o_proj_dim() * D;
+    attn_per_key = 2.0 * (double)c.heads * (double)(c.mla_nope + c.mla_rope + c.mla_v);
+  } else {
+    attn_matrices = D * (double)(c.q_dim() + 2 * c.kv_dim()) + (double)c.q_dim() * D;
+    attn_per_key = 4.0 * (double)c.q_dim();
+  }
+  const double per_layer = attn_matrices + D * (double)c.ffn * (c.mlp == MlpKind::GELU ? 2 : 3);
+  const double matrices = per_layer * (double)c.layers + (double)c.vocab * D;
+  return 6 * matrices + 3 * attn_per_key * (ctx / 2.0) * (double)c.layers;
 }
 
 }  // namespace

@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# ThreadSanitizer over the threaded code: the library, the `focus` binary and the tests built with
+# clang -fsanitize=thread into BUILD (default build-tsan), then the tests of the multi-threaded
+# kernels (dense, grouped, sparse and soft attention, the quantised matrix-vector and GEMM kernels,
+# attention mass, block top-k, the KV caches), of inference shared between threads, and of the
+# trainers (routers, distillation, LoRA, training from scratch) run with OpenMP teams of THREADS
+# (default 3: more threads than cores makes more interleavings), every report fatal.
+#   scripts/tsan.sh [BUILD] [DATA] [GTEST_FILTER]
+# OpenMP's own synchronisation (barriers, reductions, tasks) is made visible to ThreadSanitizer by
+# LLVM's archer tool (libarcher.so, loaded through OMP_TOOL_LIBRARIES); without it every parallel
+# region would report races on the runtime's uninstrumented barriers. OpenBLAS is not instrumented
+# (ignore_noninstrumented_modules): races inside it are out of reach, races between our threads and
+# the buffers it reads or writes are not.
+set -euo pipefail
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+BUILD=${1:-$ROOT/build-tsan}
+DATA=${2:-$(cd "$ROOT/.." && pwd)/shared/data}
+FILTER=${3:-'FlashAttention.*:FocusAttention.*:FocusCachedAttention.*:GroupedAttention.*:GroupedKeyIndex.*:AsymmetricRouting.*:SoftAttentionKernel.*:AttentionMassKernel.*:BlockTopK.*:QuantMatvec*:KvTypes.*:Concurrency.*:Stories260K.*:Distill.*:Retrofit.*:LoraTrain.*:TrainScratch.*:Archs/FullModelGrad.*:Ops*'}
+THREADS=${THREADS:-3}
+JOBS=${JOBS:-$(nproc)}
+ARCHER=$(ls /usr/lib/llvm-*/lib/libarcher.so 2>/dev/null | sort -V | tail -1 || true)
+if ! command -v clang++ >/dev/null || [ -z "$ARCHER" ]; then
+  SUDO=""
+  if [ "$(id -u)" != 0 ] && command -v sudo >/dev/null; then SUDO=sudo; fi
+  echo "[tsan] installing clang and LLVM's OpenMP runtime with archer (Debian packages)"
+  $SUDO apt-get update -qq
+  $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq clang libomp-dev
+  ARCHER=$(ls /usr/lib/llvm-*/lib/libarcher.so 2>/dev/null | sort -V | tail -1 || true)
+  [ -n "$ARCHER" ] || { echo "[tsan] error: libarcher.so not found after installing libomp-dev" >&2; exit 1; }
+fi
+cmake -S "$ROOT" -B "$BUILD" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DFOCUS_TSAN=ON -DFOCUS_TESTS=ON -DFOCUS_BENCH=OFF \
+  -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ >/dev/null
+cmake --build "$BUILD" --target focus focus_tests -j "$JOBS"
+export FOCUS_DATA="$DATA" FOCUS_BIN="$BUILD/focus"
+export OMP_NUM_THREADS="$THREADS" OPENBLAS_NUM_THREADS=1 OMP_TOOL_LIBRARIES="$ARCHER"
+export TSAN_OPTIONS="halt_on_error=1 ignore_noninstrumented_modules=1 second_deadlock_stack=1"
+start=$(date +%s)
+"$BUILD/focus_tests" --gtest_filter="$FILTER" --gtest_brief=1
+echo "tsan.sh: no ThreadSanitizer report ($OMP_NUM_THREADS threads, filter $FILTER) in $(( $(date +%s) - start )) s"

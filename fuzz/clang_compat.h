@@ -1,4 +1,4 @@
-// Force-included into the library sources of the fuzz build only: GCC's __builtin_shuffle (one
+// Force-included into the library sources of the clang builds (fuzzing, ThreadSanitizer): GCC's __builtin_shuffle (one
 // or two vectors and an index vector, indices taken modulo the lane count) for clang, which
 // spells vector shuffles differently (element-wise, so slow, but exact), and a CPU feature
 // test clang 14 lacks.

@@ -76,14 +76,17 @@ void check_block(const Model& m, FocusRouters f, const test::Win& w, const Disti
 // targets are held fixed, which a finite difference would not do).
 TEST(Distill, RouterGradientsMatchFiniteDifferences) {
   for (Arch arch : {Arch::Llama, Arch::GPT2}) {
-    for (int variant = 0; variant < 3; ++variant) {
-      const bool per_kv_head = variant >= 1;
+    // per layer; per kv head; per kv head on q and k; per query head; per query head on q and k
+    for (int variant = 0; variant < 5; ++variant) {
+      const bool per_kv_head = variant == 1 || variant == 2, per_head = variant >= 3;
       auto m = random_model(arch, 11);
       FocusSettings st = asym_settings(4, 2, 5);
       st.per_kv_head = per_kv_head;
-      st.route_on_qk = variant == 2;
+      st.per_head = per_head;
+      st.route_on_qk = variant == 2 || variant == 4;
       const FocusRouters f = focus_init(m->cfg, st, 3);
-      EXPECT_EQ((int64_t)f.routers.size(), m->cfg.layers * (per_kv_head ? m->cfg.kv_heads : 1));
+      EXPECT_EQ((int64_t)f.routers.size(),
+                m->cfg.layers * (per_head ? m->cfg.heads : per_kv_head ? m->cfg.kv_heads : 1));
       const test::Win w = window_of(40, m->cfg.vocab, 5);
       DistillOptions o;
       o.balance_weight = 0.f;
@@ -139,14 +142,18 @@ TEST(AsymmetricRouting, ReadingEveryGroupIsDense) {
 // cache (with a rollback in between) as in one call, and causal: tokens appended later change
 // no earlier output. The key groups keep within key_capacity of the mean load.
 TEST(AsymmetricRouting, SparseDecodesLikePrefillAndIsCausal) {
-  for (int variant = 0; variant < 3; ++variant) {
-    const bool per_kv_head = variant >= 1;
-    SCOPED_TRACE(variant == 2 ? "per kv head, on q and k" : per_kv_head ? "per kv head" : "per layer");
+  for (int variant = 0; variant < 5; ++variant) {
+    const bool per_kv_head = variant == 1 || variant == 2, per_head = variant >= 3;
+    const char* names[] = {"per layer", "per kv head", "per kv head, on q and k", "per query head",
+                           "per query head, on q and k"};
+    SCOPED_TRACE(names[variant]);
     auto m = random_model(Arch::Llama, 14);
+    ASSERT_GT(m->cfg.heads, m->cfg.kv_heads);  // per query head: two routers share each kv head
     FocusSettings s = asym_settings(4, 1, 3);
     s.key_capacity = 1.25f;
     s.per_kv_head = per_kv_head;
-    s.route_on_qk = variant == 2;
+    s.per_head = per_head;
+    s.route_on_qk = variant == 2 || variant == 4;
     const FocusRouters f = focus_init(m->cfg, s, 6);
     const int64_t n = 60, D = m->cfg.dim;
     const std::vector<int32_t> ids = window_of(n, m->cfg.vocab, 8).ids;
@@ -199,6 +206,21 @@ TEST(AsymmetricRouting, FolderRoundTripAndPerLayerChoice) {
   EXPECT_EQ(g.far_mass, f.far_mass);
   EXPECT_TRUE(g.settings.per_kv_head);
   EXPECT_EQ(g.routers_per_layer, 2);
+  {  // one router per query head: its own tensor names, back with the same count
+    FocusSettings sh = asym_settings(4, 2, 3);
+    sh.per_head = true;
+    const FocusRouters fh = focus_init(m->cfg, sh, 9);
+    const std::string dh = dir + "_per_head";
+    save_focus(fh, dh, m->cfg, "random");
+    const FocusRouters gh = load_focus(dh, m->cfg);
+    EXPECT_TRUE(gh.settings.per_head && !gh.settings.per_kv_head);
+    EXPECT_EQ(gh.routers_per_layer, m->cfg.heads);
+    ASSERT_EQ(gh.routers.size(), fh.routers.size());
+    for (size_t r = 0; r < fh.routers.size(); ++r) EXPECT_EQ(gh.routers[r].params, fh.routers[r].params);
+    FocusSettings both = sh;
+    both.per_kv_head = true;
+    EXPECT_THROW(focus_init(m->cfg, both, 9), Error);
+  }
   ASSERT_EQ(g.routers.size(), f.routers.size());
   for (size_t r = 0; r < f.routers.size(); ++r) EXPECT_EQ(g.routers[r].params, f.routers[r].params);
   const AttentionPlan plan = focus_plan(m->cfg, g);

@@ -11,6 +11,7 @@
 //   relative 1e-5 (~ 170 float32 ulps) of sum_k A_b (|x_k| + d_b) covers it with room.
 // For the float types there is no quantisation term and the rounding term is 1e-5 sum_k |W x|.
 #include <gtest/gtest.h>
+
 #include <omp.h>
 
 #include <cmath>
@@ -19,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include "core/threads.h"
 #include "io/ggml_types.h"
 #include "kernels/cpu/quant_matvec.h"
 #include "kernels/cpu/weight.h"
@@ -331,3 +333,50 @@ TEST(QuantMatvec, ZeroAndTinyShapes) {
 }
 
 }  // namespace
+
+// Scoring fused with the integer GEMM: the log-softmax at the targets of the logits quant_gemm
+// computes, over output rows that span several 2048-row blocks and end in a partial panel, with
+// row counts off its 48-row chunks; the same for one thread and several; a NaN activation row
+// gives a NaN (and only that row).
+TEST(QuantGemmLogSoftmax, EqualsLogSoftmaxOfTheGemmLogits) {
+  IsaGuard guard;
+  if (!cpu::set_quant_isa("avx512vnni")) GTEST_SKIP() << "this CPU has no AVX-512 VNNI";
+  std::mt19937 rng(4242);
+  for (GGMLType t : {GGMLType::Q8_0, GGMLType::Q4_K}) {
+    const int64_t rows = 2 * 2048 + 37, cols = 256;
+    const std::vector<uint8_t> bytes = random_weight(t, rows, cols, rng);
+    const Weight W{t, rows, cols, bytes.data()};
+    ASSERT_TRUE(cpu::quant_gemm_supported(W));
+    for (int64_t M : {1, 50, 97}) {
+      std::vector<float> x = random_x(M, cols, rng);
+      for (float& v : x) v *= 4.f;  // logits spread over several nats
+      std::vector<int32_t> tg(M);
+      for (int64_t m = 0; m < M; ++m) tg[m] = (int32_t)((m * 1237 + 11) % rows);
+      tg[0] = (int32_t)rows - 1;  // in the partial last panel
+      std::vector<float> logits((size_t)(M * rows));
+      cpu::quant_gemm(x.data(), W, logits.data(), M);
+      std::vector<double> lp(M), lp1(M);
+      const int saved = focus::num_threads();
+      focus::set_threads(3);
+      cpu::quant_gemm_log_softmax(x.data(), W, M, tg.data(), lp.data());
+      focus::set_threads(1);
+      cpu::quant_gemm_log_softmax(x.data(), W, M, tg.data(), lp1.data());
+      focus::set_threads(saved);
+      for (int64_t m = 0; m < M; ++m) {
+        const float* row = logits.data() + m * rows;
+        double mx = row[0], s = 0;
+        for (int64_t n = 0; n < rows; ++n) mx = std::max(mx, (double)row[n]);
+        for (int64_t n = 0; n < rows; ++n) s += std::exp((double)row[n] - mx);
+        const double ref = (double)row[tg[m]] - mx - std::log(s);
+        ASSERT_NEAR(lp[m], ref, 1e-6 * (1 + std::fabs(ref))) << focus::io::type_name(t) << " M " << M << " row " << m;
+        ASSERT_EQ(lp1[m], lp[m]) << "thread count changed row " << m;
+      }
+      if (M > 1) {
+        x[cols + 3] = NAN;  // row 1
+        cpu::quant_gemm_log_softmax(x.data(), W, M, tg.data(), lp.data());
+        EXPECT_TRUE(std::isnan(lp[1]));
+        EXPECT_TRUE(std::isfinite(lp[0]));
+      }
+    }
+  }
+}

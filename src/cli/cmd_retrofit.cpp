@@ -101,6 +101,7 @@ Command add_retrofit(CLI::App& app) {
   sub->add_flag("--route-on-qk", o.focus.route_on_qk,
                 "distill: routers read the rotated query and key vectors (width head_dim) instead of the hidden state");
   sub->add_flag("--per-kv-head", o.focus.per_kv_head, "distill: one router per kv head (its query heads follow it)");
+  sub->add_flag("--per-head", o.focus.per_head, "distill: one router per query head (keys routed once per router)");
   sub->add_option("--key-weight", o.distill.key_weight, "distill: weight of the key purity term");
   sub->add_option("--key-capacity", o.focus.key_capacity,
                   "distill: at inference a group holds at most this times the mean key load");

@@ -7,6 +7,7 @@
 #include "core/error.h"
 #include "core/progress.h"
 #include "kernels/cpu/ops.h"
+#include "kernels/cpu/quant_matvec.h"
 
 namespace focus {
 
@@ -15,16 +16,43 @@ double PplResult::ppl() const { return std::exp(nll()); }
 namespace {
 
 // Sum of -log p(targets[t]) over the rows t >= row0 with a target; hidden holds rows row0 ..
-// (final-normed states). Logits are made in row chunks of 64.
+// (final-normed states). A quantised output matrix under the integer prefill GEMM is scored by
+// the fused kernel (quant_gemm_log_softmax: the same logits, never all in memory) in chunks of
+// 4096 rows; otherwise logits are made in row chunks of 64.
 double score_rows(const Model& m, const float* hidden, int64_t row0, const std::vector<int32_t>& targets,
                   int64_t* scored) {
   const int64_t T = (int64_t)targets.size(), D = m.cfg.dim, V = m.cfg.vocab;
   std::vector<int64_t> rows;
   for (int64_t t = row0; t < T; ++t)
     if (targets[t] >= 0) rows.push_back(t);
+  double nll = 0;
+  auto add = [&](double lp, int64_t row) {
+    FOCUS_CHECK(std::isfinite(lp), m.path, ": non-finite log-probability at window row ", row,
+                " (NaN or Inf in the weights or activations)");
+    nll -= lp;
+  };
+  if (scored) *scored = (int64_t)rows.size();
+  if (rows.size() > 1 && cpu::prefill_gemm() == cpu::PrefillGemm::Int8 && cpu::quant_gemm_supported(m.w.lm_head)) {
+    const int64_t big = 4096;
+    std::vector<float> h;
+    std::vector<int32_t> tg;
+    std::vector<double> lp;
+    for (size_t r0 = 0; r0 < rows.size(); r0 += big) {
+      const int64_t n = std::min<int64_t>(big, (int64_t)rows.size() - (int64_t)r0);
+      h.resize(n * D);
+      tg.resize(n);
+      lp.resize(n);
+      for (int64_t i = 0; i < n; ++i) {
+        std::copy_n(hidden + (rows[r0 + i] - row0) * D, D, h.data() + i * D);
+        tg[i] = targets[rows[r0 + i]];
+      }
+      cpu::quant_gemm_log_softmax(h.data(), m.w.lm_head, n, tg.data(), lp.data());
+      for (int64_t i = 0; i < n; ++i) add(lp[i], rows[r0 + i]);
+    }
+    return nll;
+  }
   const int64_t chunk = 64;
   std::vector<float> h(chunk * D), logits(chunk * V);
-  double nll = 0;
   for (size_t r0 = 0; r0 < rows.size(); r0 += chunk) {
     const int64_t n = std::min<int64_t>(chunk, (int64_t)rows.size() - (int64_t)r0);
     for (int64_t i = 0; i < n; ++i) std::copy_n(hidden + (rows[r0 + i] - row0) * D, D, h.data() + i * D);
@@ -32,13 +60,8 @@ double score_rows(const Model& m, const float* hidden, int64_t row0, const std::
     std::vector<double> lp(n);
 #pragma omp parallel for schedule(static)
     for (int64_t i = 0; i < n; ++i) lp[i] = cpu::log_prob(logits.data() + i * V, V, targets[rows[r0 + i]]);
-    for (int64_t i = 0; i < n; ++i) {
-      FOCUS_CHECK(std::isfinite(lp[i]), m.path, ": non-finite log-probability at window row ", rows[r0 + i],
-                  " (NaN or Inf in the weights or activations)");
-      nll -= lp[i];
-    }
+    for (int64_t i = 0; i < n; ++i) add(lp[i], rows[r0 + i]);
   }
-  if (scored) *scored = (int64_t)rows.size();
   return nll;
 }
 

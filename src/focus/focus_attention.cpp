@@ -346,14 +346,17 @@ const float* router_input(const AttentionCall& a, const FocusSettings& fs, int64
   const ModelConfig& c = *a.cfg;
   const int64_t Dh = c.head_dim, T = a.T;
   const bool key = side == RouterSide::Key;
-  const int64_t per = (key ? c.kv_heads : c.heads) / route_heads;  // heads averaged
+  // The heads averaged: router r's share of the kv heads (or its one kv head, when there are more
+  // routers than kv heads) or of the query heads.
+  const int64_t n = key ? c.kv_heads : c.heads;
+  const int64_t h0 = r * n / route_heads, h1 = std::max(h0 + 1, (r + 1) * n / route_heads), per = h1 - h0;
   const int64_t stride = key ? c.kv_dim() : c.q_dim();
   const float* base = key ? (a.k_new ? a.k_new : a.k + a.pos0 * stride) : a.q;
   buf.assign(T * Dh, 0.f);
   const float inv = 1.f / (float)per;
   for (int64_t t = 0; t < T; ++t) {
     float* o = buf.data() + t * Dh;
-    for (int64_t h = r * per; h < (r + 1) * per; ++h) {
+    for (int64_t h = h0; h < h1; ++h) {
       const float* v = base + t * stride + h * Dh;
       for (int64_t d = 0; d < Dh; ++d) o[d] += v[d];
     }

@@ -77,6 +77,8 @@ void check_settings(const FocusSettings& s, const ModelConfig& c, const std::str
   FOCUS_CHECK(s.window_only_below >= 0.f && s.window_only_below <= 1.f, where,
               ": window_only_below must be in [0, 1] (got ", s.window_only_below, ")");
   FOCUS_CHECK(!s.per_kv_head || s.asymmetric, where, ": routers per kv head need asymmetric routing");
+  FOCUS_CHECK(!s.per_head || s.asymmetric, where, ": routers per query head need asymmetric routing");
+  FOCUS_CHECK(!(s.per_head && s.per_kv_head), where, ": routers per query head or per kv head, not both");
   FOCUS_CHECK(s.dense_above >= 0.f && s.dense_above <= 1.f, where, ": dense_above must be in [0, 1] (got ",
               s.dense_above, ")");
   FOCUS_CHECK(s.tau > 0 && std::isfinite(s.tau), where, ": temperature must be positive");
@@ -84,11 +86,17 @@ void check_settings(const FocusSettings& s, const ModelConfig& c, const std::str
 }  // namespace
 
 namespace {
-// Tensor name prefix of router h of layer l: "layers.L." (one router per layer) or "layers.L.kv_head.H.".
-std::string router_prefix(int64_t l, int64_t h, int64_t per_layer) {
+// Tensor name prefix of router h of layer l: "layers.L." (one router per layer), "layers.L.kv_head.H."
+// or "layers.L.head.H.".
+std::string router_prefix(int64_t l, int64_t h, const FocusSettings& s) {
   std::string p = "layers." + std::to_string(l) + ".";
-  if (per_layer > 1) p += "kv_head." + std::to_string(h) + ".";
+  if (s.per_kv_head) p += "kv_head." + std::to_string(h) + ".";
+  if (s.per_head) p += "head." + std::to_string(h) + ".";
   return p;
+}
+
+int64_t routers_per_layer(const ModelConfig& c, const FocusSettings& s) {
+  return s.per_head ? c.heads : s.per_kv_head ? c.kv_heads : 1;
 }
 
 // The shape of every router of a model under these settings.
@@ -113,7 +121,7 @@ FocusRouters focus_init(const ModelConfig& c, const FocusSettings& s, uint64_t s
   FocusRouters f;
   f.settings = s;
   f.router_of_layer.assign(c.layers, -1);
-  f.routers_per_layer = s.per_kv_head ? c.kv_heads : 1;
+  f.routers_per_layer = routers_per_layer(c, s);
   for (int64_t l = 0; l < c.layers; ++l) {
     if (c.layer_sliding_window[l] > 0) continue;  // a sliding-window layer is already local
     f.router_of_layer[l] = (int64_t)f.routers.size();
@@ -135,7 +143,7 @@ void save_focus(const FocusRouters& f, const std::string& dir, const ModelConfig
     layers.push_back(l);
     for (int64_t h = 0; h < f.routers_per_layer; ++h) {
       const RouterParams& r = f.routers[r0 + h];
-      const std::string p = router_prefix(l, h, f.routers_per_layer);
+      const std::string p = router_prefix(l, h, f.settings);
       const int64_t dg = r.cfg.d_g, D = r.cfg.dim, G = r.cfg.groups;
       t[p + "w_r"] = {{dg, D}, std::vector<float>(r.w_r(), r.w_r() + dg * D)};
       t[p + "centroids"] = {{G, dg}, std::vector<float>(r.centroids(), r.centroids() + G * dg)};
@@ -164,6 +172,7 @@ void save_focus(const FocusRouters& f, const std::string& dir, const ModelConfig
                       {"layers", layers}};
   if (s.asymmetric) j["key_capacity"] = s.key_capacity;
   if (s.per_kv_head) j["per_kv_head"] = true;
+  if (s.per_head) j["per_head"] = true;
   if (s.route_on_qk) j["input"] = "qk";
   if (s.topk_by_mass) j["topk_by_mass"] = true;
   if (!f.far_mass.empty()) j["far_mass"] = f.far_mass;
@@ -217,6 +226,7 @@ FocusConfigFile read_focus_config(const std::string& dir, const ModelConfig& c) 
     s.key_capacity = j.value("key_capacity", 1.5f);
     s.window_only_below = j.value("window_only_below", 0.f);
     s.per_kv_head = j.value("per_kv_head", false);
+    s.per_head = j.value("per_head", false);
     const std::string input = j.value("input", std::string("hidden"));
     FOCUS_CHECK(input == "hidden" || input == "qk", jp, ": unknown router input '", input, "' (expected hidden or qk)");
     s.route_on_qk = input == "qk";
@@ -248,7 +258,7 @@ FocusRouters load_focus(const std::string& dir, const ModelConfig& c) {
   FocusRouters f;
   f.settings = s;
   f.router_of_layer.assign(c.layers, -1);
-  f.routers_per_layer = s.per_kv_head ? c.kv_heads : 1;
+  f.routers_per_layer = routers_per_layer(c, s);
   FOCUS_CHECK(j.contains("layers") && j["layers"].is_array(), jp, ": 'layers' must be an array of layer ids");
   for (const auto& lv : j["layers"]) {
     FOCUS_CHECK(lv.is_number_integer(), jp, ": layer id ", lv.dump(), " is not an integer");
@@ -261,7 +271,7 @@ FocusRouters load_focus(const std::string& dir, const ModelConfig& c) {
                 c.layer_sliding_window[l], "); routers belong on global attention layers only");
     f.router_of_layer[l] = (int64_t)f.routers.size();
     for (int64_t h = 0; h < f.routers_per_layer; ++h) {
-      const std::string p = router_prefix(l, h, f.routers_per_layer);
+      const std::string p = router_prefix(l, h, s);
       RouterParams r = router_init(router_config(c, s), 0);
       auto take = [&](const std::string& name, std::vector<int64_t> shape) {
         const io::STTensor& t = st.tensor(p + name);

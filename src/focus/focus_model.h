@@ -35,6 +35,10 @@ struct FocusSettings {
   // Asymmetric routing per kv head (focus.json "per_kv_head"): each layer has one router per kv
   // head, which routes that head's keys and the queries of its query heads.
   bool per_kv_head = false;
+  // Asymmetric routing per query head (focus.json "per_head"): one router per query head, which
+  // routes the keys of that head's kv head (a kv head shared by several query heads is routed once
+  // per router) and that head's queries.
+  bool per_head = false;
   // Asymmetric routers that read the attention's own vectors (focus.json "input": "qk") instead of
   // the block's normed input: keys are routed from their rotated key vector (of the router's kv
   // head, or the mean over kv heads), queries from the mean of the rotated query vectors of the
@@ -54,7 +58,7 @@ struct FocusSettings {
 struct FocusRouters {
   FocusSettings settings;
   std::vector<int64_t> router_of_layer;  // per model layer: index into routers, or -1 (no Focus)
-  int64_t routers_per_layer = 1;         // kv heads with per_kv_head, else 1: routers
+  int64_t routers_per_layer = 1;         // kv heads with per_kv_head, heads with per_head, else 1: routers
                                          // router_of_layer[l] .. + routers_per_layer - 1 serve layer l
   std::vector<RouterParams> routers;
   // Per router: the frozen model's mean attention mass beyond the local window (measured while

@@ -41,13 +41,14 @@ class DistillAttention final : public AttentionPolicy {
     cpu::AttnShape s = layer_attn_shape(*a.cfg, a.layer, 0, T);
     std::vector<float> lse(H * T);
     cpu::flash_attention(a.q, a.k, a.v, a.out, lse.data(), s);
-    // Router r sees the heads it routes: query heads r H/RH .. and kv heads r HKV/RH ..
+    // Router r sees the heads it routes: query heads r H/RH .. and kv heads r HKV/RH .. (with more
+    // routers than kv heads, one kv head: that of its query heads).
     s.local_window = fs_.local_window;
     s.sinks = fs_.sinks;
     s.heads = H / rh_;
-    s.kv_heads = HKV / rh_;
+    s.kv_heads = std::max<int64_t>(1, HKV / rh_);
     for (int64_t r = 0; r < rh_; ++r)
-      distill_heads(a, s, a.q + r * s.heads * Dh, a.k + r * s.kv_heads * Dh, lse.data() + r * s.heads * T, r);
+      distill_heads(a, s, a.q + r * s.heads * Dh, a.k + (r * HKV / rh_) * Dh, lse.data() + r * s.heads * T, r);
   }
 
  private:

@@ -69,6 +69,7 @@ json run_identity(const Model& m, const RetrofitOptions& o) {
     j.update({{"key_weight", o.distill.key_weight},
               {"key_capacity", o.focus.key_capacity},
               {"per_kv_head", o.focus.per_kv_head},
+              {"per_head", o.focus.per_head},
               {"route_on_qk", o.focus.route_on_qk}});
   return j;
 }
@@ -79,8 +80,9 @@ void init_from(FocusRouters& f, const std::string& dir, const ModelConfig& c) {
   const FocusRouters g = load_focus(dir, c);
   const std::string jp = dir + "/focus.json";
   const FocusSettings &a = f.settings, &b = g.settings;
-  FOCUS_CHECK(a.asymmetric == b.asymmetric && a.per_kv_head == b.per_kv_head && a.route_on_qk == b.route_on_qk, jp,
-              ": --init routers are of another kind (symmetric / asymmetric, per layer / per kv head)");
+  FOCUS_CHECK(a.asymmetric == b.asymmetric && a.per_kv_head == b.per_kv_head && a.per_head == b.per_head &&
+                  a.route_on_qk == b.route_on_qk,
+              jp, ": --init routers are of another kind (symmetric / asymmetric, per layer / kv head / query head)");
   FOCUS_CHECK(a.groups == b.groups && a.dg == b.dg && a.learn_tau == b.learn_tau, jp,
               ": --init routers have groups ", b.groups, ", d_g ", b.dg, b.learn_tau ? ", learned tau" : "",
               "; this run asks for groups ", a.groups, ", d_g ", a.dg, a.learn_tau ? ", learned tau" : "");

@@ -7,6 +7,7 @@
 #include <bit>
 #include <chrono>
 #include <cmath>
+#include <limits>
 #include <vector>
 
 #include "core/error.h"
@@ -427,26 +428,37 @@ void add_inplace(float* x, const float* y, int64_t n) {
 // float32 vectors (Cephes, about 1 ulp) summed in float64 lanes: the terms are positive, so the sum's
 // relative error is that of the terms (a few 1e-7), where a scalar float64 exp per element made
 // this the slowest part of scoring a large vocabulary (262,144 logits per row for Gemma 3).
-double log_prob(const float* logits, int64_t n, int64_t target) {
+float max_of(const float* x, int64_t n) {
   using simd::kV;
   const int64_t nv = n / kV * kV;
-  float mx = logits[0];
+  float mx = -std::numeric_limits<float>::infinity();
   if (nv > 0) {
-    simd::vf m = simd::load(logits);
-    for (int64_t i = kV; i < nv; i += kV) m = simd::vmax(m, simd::load(logits + i));
+    simd::vf m = simd::load(x);
+    for (int64_t i = kV; i < nv; i += kV) m = simd::vmax(m, simd::load(x + i));
     for (int j = 0; j < kV; ++j) mx = std::max(mx, m[j]);
   }
-  for (int64_t i = nv; i < n; ++i) mx = std::max(mx, logits[i]);
-  const simd::vf vmx = simd::bcast(mx);
+  for (int64_t i = nv; i < n; ++i) mx = std::max(mx, x[i]);
+  return mx;
+}
+
+double sum_exp(const float* x, int64_t n, float shift) {
+  using simd::kV;
+  const int64_t nv = n / kV * kV;
+  const simd::vf vs = simd::bcast(shift);
   double acc[kV] = {};
   for (int64_t i = 0; i < nv; i += kV) {
-    const simd::vf e = simd::vexp_cephes(simd::load(logits + i) - vmx);
+    const simd::vf e = simd::vexp_cephes(simd::load(x + i) - vs);
     for (int j = 0; j < kV; ++j) acc[j] += (double)e[j];
   }
   double s = 0;
   for (int j = 0; j < kV; ++j) s += acc[j];
-  for (int64_t i = nv; i < n; ++i) s += std::exp((double)logits[i] - mx);
-  return (double)logits[target] - mx - std::log(s);
+  for (int64_t i = nv; i < n; ++i) s += std::exp((double)x[i] - shift);
+  return s;
+}
+
+double log_prob(const float* logits, int64_t n, int64_t target) {
+  const float mx = max_of(logits, n);
+  return (double)logits[target] - mx - std::log(sum_exp(logits, n, mx));
 }
 
 }  // namespace focus::cpu

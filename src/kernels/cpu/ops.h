@@ -58,6 +58,10 @@ void add_inplace(float* x, const float* y, int64_t n);
 
 // Log-softmax of one row at `target`: logits[target] - logsumexp(logits).
 double log_prob(const float* logits, int64_t n, int64_t target);
+// Its two passes: the largest of x[0 .. n) (NaN never wins; -inf for n == 0), and the sum of
+// exp(x[i] - shift) (float32 vector exponentials, summed in float64; NaN in, NaN out).
+float max_of(const float* x, int64_t n);
+double sum_exp(const float* x, int64_t n, float shift);
 
 // ---- Backward passes.
 // For y[M, N] = x[M, K] W[N, K]^T: dx[M, K] (+)= dy[M, N] W[N, K]. accumulate=false overwrites.

@@ -9,13 +9,16 @@
 #include <atomic>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <vector>
 #if defined(__F16C__)
 #include <immintrin.h>
 #endif
 
 #include "core/error.h"
+#include "kernels/cpu/ops.h"
 #include "kernels/cpu/quant_matvec_impl.h"
+#include "kernels/cpu/simd.h"
 
 namespace focus::cpu {
 
@@ -467,33 +470,65 @@ bool quant_gemm_supported(const Weight& W) {
   return current_isa().load() == Avx512 && gemm_group(W.type) > 0 && W.cols > 0 && W.cols % 32 == 0;
 }
 
-void quant_gemm(const float* x, const Weight& W, float* y, int64_t M) {
-  FOCUS_CHECK(quant_gemm_supported(W), "quant_gemm: no integer GEMM for a ", io::type_name(W.type), " weight of ",
-              W.cols, " columns on this CPU (", quant_isa(), ")");
-  FOCUS_CHECK(M >= 0 && W.rows >= 0, "quant_gemm: bad shape");
-  if (M == 0 || W.rows == 0) return;
-  const int64_t K = W.cols, N = W.rows;
-  // The calling thread's buffers, reached through plain pointers inside the parallel regions (each
-  // thread has its own thread_local objects).
+namespace {
+
+// Whether x[0 .. n) holds no NaN and no infinity (x * 0 is 0 exactly for finite x; K is a
+// multiple of 32).
+bool all_finite(const float* x, int64_t n) {
+  simd::vf acc{};
+  int64_t k = 0;
+  for (; k + simd::kV <= n; k += simd::kV) acc += simd::load(x + k) * 0.f;
+  float z = 0.f;
+  for (int j = 0; j < simd::kV; ++j) z += acc[j];
+  for (; k < n; ++k) z += x[k] * 0.f;
+  return z == 0.f;
+}
+
+// The integer GEMM's activations of x [M, K] in the calling thread's buffers (valid until its next
+// call): int8 per 32 (the decoding kernels' quantisation) stored as q + 128, with the scales and
+// the scaled sums of each 16. Rounding to int8 would turn a NaN or infinite input into a finite
+// number, so bad[m] marks the rows that hold one (their products are set to NaN).
+GemmAct quantize_gemm_acts(const float* x, int64_t M, int64_t K, bool par, std::vector<uint8_t>& bad) {
+  bad.assign((size_t)M, 0);
+  uint8_t* const badp = bad.data();
   thread_local std::vector<uint8_t> ubuf;
   thread_local std::vector<float> dbuf, sbuf;
   ubuf.resize((size_t)(M * K));
   dbuf.resize((size_t)(M * K / 32));
   sbuf.resize((size_t)(M * K / 16));
+  // Plain pointers inside the parallel region: each thread has its own thread_local objects.
   uint8_t* const u = ubuf.data();
   float *const d32 = dbuf.data(), *const s16 = sbuf.data();
-  const bool par = omp_get_max_threads() > 1 && !omp_in_parallel();
 #pragma omp parallel for schedule(static) if (par && M * K > 65536)
   for (int64_t m = 0; m < M; ++m) {
     thread_local std::vector<int32_t> sum16;
     sum16.resize((size_t)(K / 16));
     uint8_t* um = u + m * K;
     float* dm = d32 + m * (K / 32);
+    badp[m] = !all_finite(x + m * K, K);
     quantize_row_avx512(x + m * K, K, reinterpret_cast<int8_t*>(um), dm, sum16.data());
     for (int64_t k = 0; k < K; ++k) um[k] ^= 0x80;  // q + 128
     for (int64_t b = 0; b < K / 16; ++b) s16[m * (K / 16) + b] = dm[b / 2] * (float)sum16[(size_t)b];
   }
-  const GemmAct a{M, K, K / 32, K / 16, u, d32, s16};
+  return GemmAct{M, K, K / 32, K / 16, u, d32, s16};
+}
+
+// The rows m0 .. m0 + n - 1 of a.
+GemmAct act_rows(const GemmAct& a, int64_t m0, int64_t n) {
+  return GemmAct{n, a.Kp, a.nb32, a.nb16, a.u + m0 * a.Kp, a.d32 + m0 * a.nb32, a.s16 + m0 * a.nb16};
+}
+
+}  // namespace
+
+void quant_gemm(const float* x, const Weight& W, float* y, int64_t M) {
+  FOCUS_CHECK(quant_gemm_supported(W), "quant_gemm: no integer GEMM for a ", io::type_name(W.type), " weight of ",
+              W.cols, " columns on this CPU (", quant_isa(), ")");
+  FOCUS_CHECK(M >= 0 && W.rows >= 0, "quant_gemm: bad shape");
+  if (M == 0 || W.rows == 0) return;
+  const int64_t K = W.cols, N = W.rows;
+  const bool par = omp_get_max_threads() > 1 && !omp_in_parallel();
+  std::vector<uint8_t> bad;
+  const GemmAct a = quantize_gemm_acts(x, M, K, par, bad);
   const int64_t np = (N + kPanelRows - 1) / kPanelRows;
 #pragma omp parallel for schedule(dynamic, 1) if (par && np > 1)
   for (int64_t i = 0; i < np; ++i) {
@@ -502,6 +537,77 @@ void quant_gemm(const float* x, const Weight& W, float* y, int64_t M) {
     const int64_t n0 = i * kPanelRows;
     pack_panel(W, n0, (int)std::min<int64_t>(kPanelRows, N - n0), pb, p);
     gemm_panel_avx512(p, a, y, N, n0);
+  }
+  for (int64_t m = 0; m < M; ++m)
+    if (bad[(size_t)m]) std::fill(y + m * N, y + (m + 1) * N, std::numeric_limits<float>::quiet_NaN());
+}
+
+void quant_gemm_log_softmax(const float* x, const Weight& W, int64_t M, const int32_t* targets, double* lp) {
+  FOCUS_CHECK(quant_gemm_supported(W), "quant_gemm_log_softmax: no integer GEMM for a ", io::type_name(W.type),
+              " weight of ", W.cols, " columns on this CPU (", quant_isa(), ")");
+  FOCUS_CHECK(M >= 0 && W.rows >= 1, "quant_gemm_log_softmax: bad shape");
+  const int64_t K = W.cols, N = W.rows;
+  for (int64_t m = 0; m < M; ++m)
+    FOCUS_CHECK(targets[m] >= 0 && targets[m] < N, "quant_gemm_log_softmax: target ", targets[m], " of row ", m,
+                " outside [0, ", N, ")");
+  if (M == 0) return;
+  const bool par = omp_get_max_threads() > 1 && !omp_in_parallel();
+  std::vector<uint8_t> bad;
+  const GemmAct a = quantize_gemm_acts(x, M, K, par, bad);
+  // Blocks of kBlockPanels panels (2048 output rows); each is decoded once and multiplied by every
+  // row, kRowChunk rows at a time (their logits stay in a thread's buffer). Per (block, row): the
+  // block's largest logit and the sum of exp(logit - that), merged over the blocks in order at the
+  // end, so the result does not depend on which thread did which block.
+  constexpr int64_t kBlockPanels = 64, kRowChunk = 48, kBlockCols = kBlockPanels * kPanelRows;
+  const int64_t np = (N + kPanelRows - 1) / kPanelRows, nblk = (np + kBlockPanels - 1) / kBlockPanels;
+  std::vector<float> bmax((size_t)(nblk * M));
+  std::vector<double> bsum((size_t)(nblk * M));
+  std::vector<float> tgt((size_t)M);
+  float* const bmax_p = bmax.data();
+  double* const bsum_p = bsum.data();
+  float* const tgt_p = tgt.data();
+#pragma omp parallel if (par && nblk > 1)
+  {
+    std::vector<PanelBuf> pbs(kBlockPanels);
+    std::vector<GemmPanel> ps(kBlockPanels);
+    std::vector<float> y((size_t)(kRowChunk * kBlockCols));
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t b = 0; b < nblk; ++b) {
+      const int64_t p0 = b * kBlockPanels, pn = std::min(kBlockPanels, np - p0);
+      const int64_t c0 = p0 * kPanelRows, width = std::min(N - c0, pn * kPanelRows);
+      for (int64_t i = 0; i < pn; ++i) {
+        const int64_t n0 = c0 + i * kPanelRows;
+        pack_panel(W, n0, (int)std::min<int64_t>(kPanelRows, N - n0), pbs[(size_t)i], ps[(size_t)i]);
+      }
+      for (int64_t m0 = 0; m0 < M; m0 += kRowChunk) {
+        const int64_t mr = std::min(kRowChunk, M - m0);
+        const GemmAct am = act_rows(a, m0, mr);
+        for (int64_t i = 0; i < pn; ++i) gemm_panel_avx512(ps[(size_t)i], am, y.data(), kBlockCols, i * kPanelRows);
+        for (int64_t r = 0; r < mr; ++r) {
+          const float* row = y.data() + r * kBlockCols;
+          const int64_t m = m0 + r;
+          const float mx = max_of(row, width);
+          bmax_p[b * M + m] = mx;
+          bsum_p[b * M + m] = sum_exp(row, width, mx);
+          if (targets[m] >= c0 && targets[m] < c0 + width) tgt_p[m] = row[targets[m] - c0];
+        }
+      }
+    }
+  }
+  for (int64_t m = 0; m < M; ++m) {
+    float mx = -std::numeric_limits<float>::infinity();
+    bool nan = false;
+    for (int64_t b = 0; b < nblk; ++b) {
+      mx = std::max(mx, bmax[(size_t)(b * M + m)]);
+      nan = nan || std::isnan(bsum[(size_t)(b * M + m)]);
+    }
+    nan = nan || bad[(size_t)m];
+    double s = nan ? std::numeric_limits<double>::quiet_NaN() : 0.0;
+    for (int64_t b = 0; b < nblk && !nan; ++b) {
+      const float bm = bmax[(size_t)(b * M + m)];
+      if (bm != -std::numeric_limits<float>::infinity()) s += bsum[(size_t)(b * M + m)] * std::exp((double)bm - mx);
+    }
+    lp[m] = (double)tgt[(size_t)m] - mx - std::log(s);
   }
 }
 

@@ -36,6 +36,13 @@ void quant_matvec(const float* x, const Weight& W, float* y, int64_t M);
 // Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K and Q6_K weights (quant_gemm_supported).
 bool quant_gemm_supported(const Weight& W);
 void quant_gemm(const float* x, const Weight& W, float* y, int64_t M);
+// Scoring without the logits in memory: lp[m] = the log-softmax at targets[m] of row m of the
+// logits x [M, K] W^T that quant_gemm computes (the same values), for large vocabularies: each
+// 2048-row block of W is decoded once for all M rows (quant_gemm in row chunks decodes all of W
+// per chunk) and only a running maximum and sum per row are kept. Deterministic for any thread
+// count; a NaN or infinite logit or activation gives a NaN log-probability. (quant_gemm likewise
+// gives NaN outputs for a row of x that holds a NaN or an infinity.)
+void quant_gemm_log_softmax(const float* x, const Weight& W, int64_t M, const int32_t* targets, double* lp);
 
 // Elements of x sharing one activation scale.
 inline constexpr int64_t kQuantActBlock = 32;

@@ -226,6 +226,7 @@ TEST(BadInputs, NanWeightsAreReported) {
   const auto text = focus::test::data_path("text/tinystories-sample-cs336.txt");
   expect_clean_error("eval --model " + p + " --tokenizer " + tok512() + " --text " + text + " --ctx 64", p,
                      "non-finite");
+  expect_clean_error("generate --model " + p + " --tokenizer " + tok512() + " --prompt Once -n 4", p, "non-finite");
 }
 
 TEST(BadInputs, SafetensorsMissingConfig) {

@@ -380,3 +380,36 @@ TEST(QuantGemmLogSoftmax, EqualsLogSoftmaxOfTheGemmLogits) {
     }
   }
 }
+
+// Rounding activations to int8 would hide a NaN or an infinity: the row that holds one gives NaN
+// outputs in the matrix-vector kernels (every instruction set) and the integer GEMM, the other
+// rows their usual values.
+TEST(QuantMatvecNaN, NonFiniteActivationRowsGiveNaN) {
+  IsaGuard guard;
+  std::mt19937 rng(31);
+  for (GGMLType t : {GGMLType::Q8_0, GGMLType::Q4_1, GGMLType::Q6_K}) {
+    const int64_t rows = 40, cols = 256, M = 3;
+    const std::vector<uint8_t> bytes = random_weight(t, rows, cols, rng);
+    const Weight W{t, rows, cols, bytes.data()};
+    for (float bad : {NAN, INFINITY}) {
+      std::vector<float> x = random_x(M, cols, rng);
+      x[cols + 17] = bad;  // row 1
+      for (const std::string& isa : supported_isas()) {
+        ASSERT_TRUE(cpu::set_quant_isa(isa));
+        std::vector<float> y((size_t)(M * rows));
+        cpu::quant_matvec(x.data(), W, y.data(), M);
+        for (int64_t n = 0; n < rows; ++n) {
+          EXPECT_TRUE(std::isnan(y[rows + n])) << isa << " " << focus::io::type_name(t) << " output " << n;
+          EXPECT_TRUE(std::isfinite(y[n]) && std::isfinite(y[2 * rows + n])) << isa;
+        }
+        if (isa == "avx512vnni" && cpu::quant_gemm_supported(W)) {
+          cpu::quant_gemm(x.data(), W, y.data(), M);
+          for (int64_t n = 0; n < rows; ++n) {
+            EXPECT_TRUE(std::isnan(y[rows + n])) << "gemm " << focus::io::type_name(t) << " output " << n;
+            EXPECT_TRUE(std::isfinite(y[n]) && std::isfinite(y[2 * rows + n])) << "gemm";
+          }
+        }
+      }
+    }
+  }
+}

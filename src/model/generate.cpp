@@ -6,6 +6,7 @@
 
 #include "core/error.h"
 #include "core/progress.h"
+#include "kernels/cpu/ops.h"
 
 namespace focus {
 
@@ -52,7 +53,14 @@ GenerateResult generate(const Model& m, const std::vector<int32_t>& prompt, cons
   std::vector<float> hidden(P * dim), logits(vocab);
   std::mt19937_64 rng(o.seed);
   const auto t0 = std::chrono::steady_clock::now();
+  // A NaN or an infinity in the last hidden state (from the weights or the activations) would be
+  // sampled from as if it were logits: stop with the position instead.
+  auto check_finite = [&](const float* h, int64_t pos) {
+    FOCUS_CHECK(cpu::all_finite(h, dim), m.path, ": non-finite hidden state at position ", pos,
+                " (NaN or Inf in the weights or activations)");
+  };
   forward(m, prompt.data(), P, cache, hidden.data(), o.attention);
+  check_finite(hidden.data() + (P - 1) * dim, P - 1);
   compute_logits(m, hidden.data() + (P - 1) * dim, 1, logits.data());
   const auto t1 = std::chrono::steady_clock::now();
   r.prefill_seconds = std::chrono::duration<double>(t1 - t0).count();
@@ -80,6 +88,7 @@ GenerateResult generate(const Model& m, const std::vector<int32_t>& prompt, cons
       break;
     }
     forward(m, &next, 1, cache, hidden.data(), o.attention, &r.decode_stats);
+    check_finite(hidden.data(), (int64_t)r.tokens.size() - 1);
     compute_logits(m, hidden.data(), 1, logits.data());
   }
   r.decode_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t1).count();

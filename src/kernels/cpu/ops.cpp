@@ -441,6 +441,17 @@ float max_of(const float* x, int64_t n) {
   return mx;
 }
 
+bool all_finite(const float* x, int64_t n) {
+  using simd::kV;
+  simd::vf acc{};  // x * 0 is exactly 0 for a finite x and NaN otherwise
+  int64_t i = 0;
+  for (; i + kV <= n; i += kV) acc += simd::load(x + i) * 0.f;
+  float z = 0.f;
+  for (int j = 0; j < kV; ++j) z += acc[j];
+  for (; i < n; ++i) z += x[i] * 0.f;
+  return z == 0.f;
+}
+
 double sum_exp(const float* x, int64_t n, float shift) {
   using simd::kV;
   const int64_t nv = n / kV * kV;

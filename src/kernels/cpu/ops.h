@@ -61,6 +61,8 @@ double log_prob(const float* logits, int64_t n, int64_t target);
 // Its two passes: the largest of x[0 .. n) (NaN never wins; -inf for n == 0), and the sum of
 // exp(x[i] - shift) (float32 vector exponentials, summed in float64; NaN in, NaN out).
 float max_of(const float* x, int64_t n);
+// Whether x[0 .. n) holds no NaN and no infinity.
+bool all_finite(const float* x, int64_t n);
 double sum_exp(const float* x, int64_t n, float shift);
 
 // ---- Backward passes.

@@ -116,6 +116,8 @@ void quantize_rows(const float* x, int64_t M, int64_t K, ActLayout layout, ActLa
     float *d16 = bufs.d16.data() + m * nb * 2, *s16 = bufs.s16.data() + m * nb * 2;
     const int32_t* sum16 = bufs.sum16.data();
     qrow(x + m * K, K, qr, d32, bufs.sum16.data());
+    // A NaN or an infinity would round to a finite int8: NaN scales keep the row's products NaN.
+    if (!all_finite(x + m * K, K)) std::fill(d32, d32 + nbk, std::numeric_limits<float>::quiet_NaN());
     std::memset(qr + K, 0, (size_t)(Kp - K));
     for (int64_t b = 0; b < nb; ++b) {
       if (b >= nbk) {
@@ -472,25 +474,11 @@ bool quant_gemm_supported(const Weight& W) {
 
 namespace {
 
-// Whether x[0 .. n) holds no NaN and no infinity (x * 0 is 0 exactly for finite x; K is a
-// multiple of 32).
-bool all_finite(const float* x, int64_t n) {
-  simd::vf acc{};
-  int64_t k = 0;
-  for (; k + simd::kV <= n; k += simd::kV) acc += simd::load(x + k) * 0.f;
-  float z = 0.f;
-  for (int j = 0; j < simd::kV; ++j) z += acc[j];
-  for (; k < n; ++k) z += x[k] * 0.f;
-  return z == 0.f;
-}
-
 // The integer GEMM's activations of x [M, K] in the calling thread's buffers (valid until its next
 // call): int8 per 32 (the decoding kernels' quantisation) stored as q + 128, with the scales and
 // the scaled sums of each 16. Rounding to int8 would turn a NaN or infinite input into a finite
-// number, so bad[m] marks the rows that hold one (their products are set to NaN).
-GemmAct quantize_gemm_acts(const float* x, int64_t M, int64_t K, bool par, std::vector<uint8_t>& bad) {
-  bad.assign((size_t)M, 0);
-  uint8_t* const badp = bad.data();
+// number: such a row gets NaN scales, so its products are NaN as in float arithmetic.
+GemmAct quantize_gemm_acts(const float* x, int64_t M, int64_t K, bool par) {
   thread_local std::vector<uint8_t> ubuf;
   thread_local std::vector<float> dbuf, sbuf;
   ubuf.resize((size_t)(M * K));
@@ -505,8 +493,8 @@ GemmAct quantize_gemm_acts(const float* x, int64_t M, int64_t K, bool par, std::
     sum16.resize((size_t)(K / 16));
     uint8_t* um = u + m * K;
     float* dm = d32 + m * (K / 32);
-    badp[m] = !all_finite(x + m * K, K);
     quantize_row_avx512(x + m * K, K, reinterpret_cast<int8_t*>(um), dm, sum16.data());
+    if (!all_finite(x + m * K, K)) std::fill(dm, dm + K / 32, std::numeric_limits<float>::quiet_NaN());
     for (int64_t k = 0; k < K; ++k) um[k] ^= 0x80;  // q + 128
     for (int64_t b = 0; b < K / 16; ++b) s16[m * (K / 16) + b] = dm[b / 2] * (float)sum16[(size_t)b];
   }
@@ -527,8 +515,7 @@ void quant_gemm(const float* x, const Weight& W, float* y, int64_t M) {
   if (M == 0 || W.rows == 0) return;
   const int64_t K = W.cols, N = W.rows;
   const bool par = omp_get_max_threads() > 1 && !omp_in_parallel();
-  std::vector<uint8_t> bad;
-  const GemmAct a = quantize_gemm_acts(x, M, K, par, bad);
+  const GemmAct a = quantize_gemm_acts(x, M, K, par);
   const int64_t np = (N + kPanelRows - 1) / kPanelRows;
 #pragma omp parallel for schedule(dynamic, 1) if (par && np > 1)
   for (int64_t i = 0; i < np; ++i) {
@@ -538,8 +525,6 @@ void quant_gemm(const float* x, const Weight& W, float* y, int64_t M) {
     pack_panel(W, n0, (int)std::min<int64_t>(kPanelRows, N - n0), pb, p);
     gemm_panel_avx512(p, a, y, N, n0);
   }
-  for (int64_t m = 0; m < M; ++m)
-    if (bad[(size_t)m]) std::fill(y + m * N, y + (m + 1) * N, std::numeric_limits<float>::quiet_NaN());
 }
 
 void quant_gemm_log_softmax(const float* x, const Weight& W, int64_t M, const int32_t* targets, double* lp) {
@@ -552,8 +537,7 @@ void quant_gemm_log_softmax(const float* x, const Weight& W, int64_t M, const in
                 " outside [0, ", N, ")");
   if (M == 0) return;
   const bool par = omp_get_max_threads() > 1 && !omp_in_parallel();
-  std::vector<uint8_t> bad;
-  const GemmAct a = quantize_gemm_acts(x, M, K, par, bad);
+  const GemmAct a = quantize_gemm_acts(x, M, K, par);
   // Blocks of kBlockPanels panels (2048 output rows); each is decoded once and multiplied by every
   // row, kRowChunk rows at a time (their logits stay in a thread's buffer). Per (block, row): the
   // block's largest logit and the sum of exp(logit - that), merged over the blocks in order at the
@@ -601,7 +585,6 @@ void quant_gemm_log_softmax(const float* x, const Weight& W, int64_t M, const in
       mx = std::max(mx, bmax[(size_t)(b * M + m)]);
       nan = nan || std::isnan(bsum[(size_t)(b * M + m)]);
     }
-    nan = nan || bad[(size_t)m];
     double s = nan ? std::numeric_limits<double>::quiet_NaN() : 0.0;
     for (int64_t b = 0; b < nblk && !nan; ++b) {
       const float bm = bmax[(size_t)(b * M + m)];

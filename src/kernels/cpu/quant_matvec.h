@@ -40,8 +40,9 @@ void quant_gemm(const float* x, const Weight& W, float* y, int64_t M);
 // logits x [M, K] W^T that quant_gemm computes (the same values), for large vocabularies: each
 // 2048-row block of W is decoded once for all M rows (quant_gemm in row chunks decodes all of W
 // per chunk) and only a running maximum and sum per row are kept. Deterministic for any thread
-// count; a NaN or infinite logit or activation gives a NaN log-probability. (quant_gemm likewise
-// gives NaN outputs for a row of x that holds a NaN or an infinity.)
+// count; a NaN or infinite logit or activation gives a NaN log-probability. (Here and in
+// quant_gemm and quant_matvec, a row of x that holds a NaN or an infinity gives NaN outputs, as
+// float arithmetic would, although its int8 rounding alone would be finite.)
 void quant_gemm_log_softmax(const float* x, const Weight& W, int64_t M, const int32_t* targets, double* lp);
 
 // Elements of x sharing one activation scale.

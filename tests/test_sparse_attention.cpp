@@ -376,8 +376,9 @@ TEST(FocusCachedAttention, DecodeAndChunksEqualOneCall) {
         const std::vector<int32_t> one_group(n * topk, 0);  // everyone in group 0: dense causal
         const Routing dense_routing{one_group.data(), G, 1};
         const Out ref_dense = run([&](auto... a) { focus::cpu::focus_attention_reference(a..., s, dense_routing); }, in);
-        for (auto [mode, ref] : {std::pair{focus::FocusMode::Hard, &ref_hard}, std::pair{focus::FocusMode::Soft, &ref_soft},
-                                 std::pair{focus::FocusMode::Window, &ref_win}, std::pair{focus::FocusMode::Off, &ref_dense}}) {
+        for (auto [mode_b, ref] : {std::pair{focus::FocusMode::Hard, &ref_hard}, std::pair{focus::FocusMode::Soft, &ref_soft},
+                                   std::pair{focus::FocusMode::Window, &ref_win}, std::pair{focus::FocusMode::Off, &ref_dense}}) {
+          const focus::FocusMode mode = mode_b;  // a lambda below uses it (clang 14 cannot capture a binding)
           Out got;
           got.o.assign(n * s.o_stride, 0.f);
           got.lse = ref->lse;  // the cached path makes no lse

@@ -16,19 +16,22 @@
 
 namespace focus::cpu {
 namespace {
-GemmStats g_gemm;
+// Process-wide totals, updated by every thread that runs a linear layer (several may share a
+// model): atomics, so concurrent inference does not race on them.
+std::atomic<double> g_gemm_seconds{0}, g_gemm_flops{0};
 struct GemmTimer {
   std::chrono::steady_clock::time_point t0 = std::chrono::steady_clock::now();
   double flops;
   explicit GemmTimer(double f) : flops(f) {}
   ~GemmTimer() {
-    g_gemm.seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    g_gemm.flops += flops;
+    g_gemm_seconds.fetch_add(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(),
+                             std::memory_order_relaxed);
+    g_gemm_flops.fetch_add(flops, std::memory_order_relaxed);
   }
 };
 }  // namespace
 
-GemmStats gemm_stats() { return g_gemm; }
+GemmStats gemm_stats() { return GemmStats{g_gemm_seconds.load(), g_gemm_flops.load()}; }
 
 double sgemm_gflops(int M, int N, int K, int reps) {
   reps = std::max(reps, 1);
@@ -48,7 +51,10 @@ double sgemm_gflops(int M, int N, int K, int reps) {
   std::sort(t.begin(), t.end());
   return 2.0 * M * N * K / t[t.size() / 2] / 1e9;
 }
-void reset_gemm_stats() { g_gemm = {}; }
+void reset_gemm_stats() {
+  g_gemm_seconds = 0;
+  g_gemm_flops = 0;
+}
 
 void linear(const float* x, const float* W, const float* bias, float* y, int64_t M, int64_t K, int64_t N) {
   GemmTimer timer(2.0 * M * N * K);

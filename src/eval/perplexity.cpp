@@ -32,7 +32,7 @@ double score_rows(const Model& m, const float* hidden, int64_t row0, const std::
     nll -= lp;
   };
   if (scored) *scored = (int64_t)rows.size();
-  if (rows.size() > 1 && cpu::prefill_gemm() == cpu::PrefillGemm::Int8 && cpu::quant_gemm_supported(m.w.lm_head)) {
+  if (!rows.empty() && cpu::prefill_gemm() == cpu::PrefillGemm::Int8 && cpu::quant_gemm_supported(m.w.lm_head)) {
     const int64_t big = 4096;
     std::vector<float> h;
     std::vector<int32_t> tg;

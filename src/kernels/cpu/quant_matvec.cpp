@@ -18,7 +18,6 @@
 #include "core/error.h"
 #include "kernels/cpu/ops.h"
 #include "kernels/cpu/quant_matvec_impl.h"
-#include "kernels/cpu/simd.h"
 
 namespace focus::cpu {
 

@@ -16,6 +16,8 @@
 #include "model/attention.h"
 #include "test_models.h"
 #include "test_util.h"
+#include "eval/perplexity.h"
+#include "train/backward.h"
 #include "train/distill.h"
 
 using namespace focus;
@@ -185,6 +187,47 @@ TEST(AsymmetricRouting, SparseDecodesLikePrefillAndIsCausal) {
     const std::vector<int32_t> prefix(ids.begin(), ids.begin() + 40);
     EXPECT_LT(max_abs_diff(hidden_of(*m, prefix, &plan), full, 0, 40 * D), 1e-5);
   }
+}
+
+// Sparse training (retrofit --objective sparse) runs the pattern inference runs: its loss is the
+// hard policy's loss on the same window, per layer and per kv head, at top-1 and top-2. The
+// straight-through gradients reach both projections (W_r from the queries' memberships, W_k from
+// the keys') and are finite; with a SwAV hook the keys' scores get its gradient too.
+TEST(AsymmetricRouting, SparseTrainingSeesTheInferencePattern) {
+  for (Arch arch : {Arch::Llama, Arch::GPT2})
+    for (int variant = 0; variant < 4; ++variant) {
+      SCOPED_TRACE(::testing::Message() << (arch == Arch::Llama ? "llama" : "gpt2") << " variant " << variant);
+      auto m = random_model(arch, 16);
+      FocusSettings s = asym_settings(4, 1 + variant % 2, 3);
+      s.per_kv_head = variant >= 2;
+      s.key_capacity = 1.25f;
+      const FocusRouters f = focus_init(m->cfg, s, 8);
+      const test::Win w = window_of(60, m->cfg.vocab, 9);
+      const TrainWindow tw{w.ids.data(), (int64_t)w.ids.size(), w.targets.data()};
+      std::vector<std::vector<float>> g;
+      for (auto& r : f.routers) g.emplace_back(r.params.size(), 0.f);
+      const LossGrad lg = focus_router_loss_and_grad(*m, f, tw, 1.0f, &g);
+      const AttentionPlan hard = focus_plan(m->cfg, f);
+      AttentionStats st;
+      int64_t scored = 0;
+      const double nll = window_nll(*m, w.ids, w.targets, &hard, &st, &scored);
+      EXPECT_EQ(lg.scored, scored);
+      EXPECT_LT(st.density(), 0.9);
+      EXPECT_NEAR(lg.loss_sum, nll, 2e-4 * std::fabs(nll));
+      const double dense = window_nll(*m, w.ids, w.targets, nullptr, nullptr, &scored);
+      EXPECT_GT(std::fabs(nll - dense), 1e-3) << "the pattern should change the loss";
+      for (size_t r = 0; r < g.size(); ++r) {
+        const RouterParams& rp = f.routers[r];
+        double wr = 0, wk = 0;
+        for (int64_t i = 0; i < rp.cfg.d_g * rp.cfg.dim; ++i) {
+          ASSERT_TRUE(std::isfinite(g[r][rp.w_r_offset() + i]) && std::isfinite(g[r][rp.w_k_offset() + i]));
+          wr += std::fabs(g[r][rp.w_r_offset() + i]);
+          wk += std::fabs(g[r][rp.w_k_offset() + i]);
+        }
+        EXPECT_GT(wr, 0.0) << "router " << r << " W_r";
+        EXPECT_GT(wk, 0.0) << "router " << r << " W_k";
+      }
+    }
 }
 
 // Router folders keep the asymmetric routing, W_k, the capacity and the measured far mass; the

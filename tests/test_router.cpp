@@ -250,6 +250,39 @@ TEST(Router, TopKIsSortedAndMatchesBruteForce) {
   EXPECT_THROW(focus::router_topk(tie, nullptr, 1, 4, 5, o2), focus::Error);
 }
 
+TEST(Router, TopPTakesTheFewestGroupsReachingTheMass) {
+  // Brute force: sort by probability (ties to the lower index), take groups until their summed
+  // softmax reaches p or kmax are taken; unused slots -1, used ones ascending.
+  const int64_t n = 300, G = 8;
+  const VF s = randn(n * G, 41), b = randn(G, 42);
+  for (float p : {0.3f, 0.6f, 0.9f, 1.0f})
+    for (int kmax : {1, 3, 8}) {
+      std::vector<int32_t> out(n * kmax);
+      focus::router_topp(s.data(), b.data(), n, G, p, kmax, out.data());
+      int64_t used_total = 0;
+      for (int64_t i = 0; i < n; ++i) {
+        std::vector<double> pr(G);
+        double z = 0;
+        for (int g = 0; g < G; ++g) z += pr[g] = std::exp((double)s[i * G + g] + b[g]);
+        std::vector<int> order(G);
+        for (int g = 0; g < G; ++g) order[g] = g, pr[g] /= z;
+        std::stable_sort(order.begin(), order.end(), [&](int a, int c) { return pr[a] > pr[c]; });
+        std::vector<int32_t> want;
+        double acc = 0;
+        for (int t = 0; t < kmax && acc < p - 1e-6; ++t) want.push_back(order[t]), acc += pr[order[t]];
+        std::sort(want.begin(), want.end());
+        used_total += (int64_t)want.size();
+        for (int t = 0; t < kmax; ++t)
+          ASSERT_EQ(out[i * kmax + t], t < (int)want.size() ? want[t] : -1) << "token " << i << " p " << p << " kmax " << kmax;
+      }
+      if (kmax == 8 && p < 0.5f) EXPECT_LT(used_total, n * 4) << "top-p should read few groups for small p";
+    }
+  int32_t o[2];
+  const float one[4] = {0.f, 0.f, 0.f, 0.f};
+  EXPECT_THROW(focus::router_topp(one, nullptr, 1, 4, 0.f, 2, o), focus::Error);
+  EXPECT_THROW(focus::router_topp(one, nullptr, 1, 4, 0.5f, 5, o), focus::Error);
+}
+
 // ---- Sinkhorn and the SwAV loss ----------------------------------------------------------------
 
 TEST(Sinkhorn, MarginalsAreMet) {

@@ -332,3 +332,160 @@ TEST(SoftAttentionKernel, RejectsBadShapes) {
                focus::Error);
 }
 
+
+// ---- asymmetric memberships: queries p [RH, N, G], keys pk [RH, N, G], router r serving kv heads
+// r * KVH / RH ..; a float64 reference checked against central differences, then the kernel.
+namespace {
+
+struct AsymRef {
+  AttnShape s;
+  int64_t rh = 1;
+  int64_t router(int64_t h) const { return (h / (s.heads / s.kv_heads)) / (s.kv_heads / rh); }
+  double affinity(const VD& p, const VD& pk, int64_t r, int64_t i, int64_t j) const {
+    double a = 0;
+    for (int64_t g = 0; g < s.groups; ++g) a += p[(r * s.n_q + i) * s.groups + g] * pk[(r * s.n_q + j) * s.groups + g];
+    return a + s.eps;
+  }
+  bool biased(int64_t i, int64_t j) const { return i - j >= s.local_window && j >= s.sinks; }
+  // L = sum(w * o); fills the gradients when asked.
+  double run(const VD& q, const VD& k, const VD& v, const VD& p, const VD& pk, const VD& w, VD* dp = nullptr,
+             VD* dpk = nullptr, VD* o_out = nullptr) const {
+    const int64_t n = s.n_q, H = s.heads, KVH = s.kv_heads, hd = s.head_dim, gs = H / KVH, G = s.groups;
+    if (dp) dp->assign(p.size(), 0.0), dpk->assign(pk.size(), 0.0);
+    if (o_out) o_out->assign(n * H * hd, 0.0);
+    double L = 0;
+    VD sc(n), P(n), dP(n);
+    for (int64_t i = 0; i < n; ++i)
+      for (int64_t h = 0; h < H; ++h) {
+        const int64_t kvh = h / gs, r = router(h);
+        double mx = -INFINITY;
+        for (int64_t j = 0; j <= i; ++j) {
+          double dot = 0;
+          for (int64_t e = 0; e < hd; ++e) dot += q[(i * H + h) * hd + e] * k[(j * KVH + kvh) * hd + e];
+          sc[j] = s.scale * dot + (biased(i, j) ? std::log(affinity(p, pk, r, i, j)) : 0.0);
+          mx = std::max(mx, sc[j]);
+        }
+        double sum = 0, dsum = 0;
+        for (int64_t j = 0; j <= i; ++j) sum += std::exp(sc[j] - mx);
+        for (int64_t j = 0; j <= i; ++j) {
+          P[j] = std::exp(sc[j] - mx) / sum;
+          double d = 0;
+          for (int64_t e = 0; e < hd; ++e) d += w[(i * H + h) * hd + e] * v[(j * KVH + kvh) * hd + e];
+          dP[j] = d;
+          dsum += P[j] * d;
+          L += P[j] * d;
+          if (o_out)
+            for (int64_t e = 0; e < hd; ++e) (*o_out)[(i * H + h) * hd + e] += P[j] * v[(j * KVH + kvh) * hd + e];
+        }
+        if (!dp) continue;
+        for (int64_t j = 0; j <= i; ++j) {
+          if (!biased(i, j)) continue;
+          const double dA = P[j] * (dP[j] - dsum) / affinity(p, pk, r, i, j);
+          for (int64_t g = 0; g < G; ++g) {
+            (*dp)[(r * n + i) * G + g] += dA * pk[(r * n + j) * G + g];
+            (*dpk)[(r * n + j) * G + g] += dA * p[(r * n + i) * G + g];
+          }
+        }
+      }
+    return L;
+  }
+};
+
+VF random_memberships(int64_t rows, int64_t G, std::mt19937& rng, bool one_hot) {
+  std::normal_distribution<float> nd(0.f, 1.f);
+  VF m(rows * G, 0.f);
+  for (int64_t i = 0; i < rows; ++i) {
+    if (one_hot) {
+      m[i * G + rng() % G] = 1.f;
+      continue;
+    }
+    double sum = 0;
+    for (int64_t g = 0; g < G; ++g) sum += m[i * G + g] = std::exp(2.f * nd(rng));
+    for (int64_t g = 0; g < G; ++g) m[i * G + g] /= (float)sum;
+  }
+  return m;
+}
+
+void check_asymmetric(const AttnShape& s, int64_t RH, bool one_hot, uint32_t seed, bool finite_differences) {
+  SCOPED_TRACE(::testing::Message() << "n " << s.n_q << " H " << s.heads << "/" << s.kv_heads << " RH " << RH << " G "
+                                    << s.groups << (one_hot ? " one-hot" : " soft"));
+  const Inputs in = make_inputs(s, false, seed);
+  std::mt19937 rng(seed + 7);
+  const VF p = random_memberships(RH * s.n_q, s.groups, rng, one_hot), pk = random_memberships(RH * s.n_q, s.groups, rng, one_hot);
+  const AsymRef ref{s, RH};
+  VD q = to_d(in.q), k = to_d(in.k), v = to_d(in.v), w = to_d(in.w), pd = to_d(p), pkd = to_d(pk);
+  VD rdp, rdpk, ro;
+  ref.run(q, k, v, pd, pkd, w, &rdp, &rdpk, &ro);
+  if (finite_differences) {
+    auto numeric = [&](VD& x) {
+      VD g(x.size());
+      for (size_t i = 0; i < x.size(); ++i) {
+        const double x0 = x[i], h = 1e-6 * std::max(1.0, std::fabs(x0));
+        x[i] = x0 + h;
+        const double lp = ref.run(q, k, v, pd, pkd, w);
+        x[i] = x0 - h;
+        const double lm = ref.run(q, k, v, pd, pkd, w);
+        x[i] = x0;
+        g[i] = (lp - lm) / (2 * h);
+      }
+      return g;
+    };
+    EXPECT_LT(rel_err(rdp, numeric(pd)), 1e-5) << "reference dp";
+    EXPECT_LT(rel_err(rdpk, numeric(pkd)), 1e-5) << "reference dpk";
+  }
+  VF o(in.q.size()), lse(s.heads * s.n_q), dq(in.q.size(), 0.f), dk(in.k.size(), 0.f), dv(in.v.size(), 0.f);
+  VF dp(p.size(), 0.f), dpk(pk.size(), 0.f);
+  const focus::cpu::SoftKeys keys{pk.data(), dpk.data(), RH};
+  focus::cpu::soft_attention_forward(in.q.data(), in.k.data(), in.v.data(), p.data(), o.data(), lse.data(), s, keys);
+  focus::cpu::soft_attention_backward(in.q.data(), in.k.data(), in.v.data(), p.data(), o.data(), lse.data(),
+                                      in.w.data(), dq.data(), dk.data(), dv.data(), dp.data(), s, keys);
+  EXPECT_LT(rel_err(o, ro), 1e-5) << "o";
+  EXPECT_LT(rel_err(dp, rdp), 1e-4) << "dp";
+  EXPECT_LT(rel_err(dpk, rdpk), 1e-4) << "dpk";
+  double mx = 0;
+  for (double x : rdpk) mx = std::max(mx, std::fabs(x));
+  EXPECT_GT(mx, 1e-4) << "the keys' gradient should not vanish in this case";
+}
+
+}  // namespace
+
+TEST(SoftAttentionAsymmetric, ReferenceMatchesFiniteDifferencesAndKernelMatchesReference) {
+  check_asymmetric(shape(9, 4, 2, 8, 4, 1, 1), 2, false, 700, true);   // a router per kv head
+  check_asymmetric(shape(9, 4, 2, 8, 4, 2, 0), 1, false, 701, true);   // one router, distinct key side
+  AttnShape hard = shape(11, 2, 2, 4, 3, 1, 1);
+  hard.eps = 1e-3f;  // 0/1 memberships: the hard pattern with a masked pair at weight eps
+  check_asymmetric(hard, 2, true, 702, true);
+  check_asymmetric(shape(130, 6, 3, 16, 5, 16, 2), 3, false, 703, false);
+  AttnShape hard2 = shape(200, 4, 2, 32, 8, 64, 1);
+  hard2.eps = 1e-7f;
+  check_asymmetric(hard2, 2, true, 704, false);
+}
+
+TEST(SoftAttentionAsymmetric, SharedKeysEqualTheSymmetricForm) {
+  // pk == p with one router: the same outputs and the same total membership gradient.
+  const AttnShape s = shape(130, 4, 2, 16, 4, 16, 2);
+  const Inputs in = make_inputs(s, true, 710);
+  VF o1(in.q.size()), o2(in.q.size()), l1(4 * s.n_q), l2(4 * s.n_q);
+  VF g1(in.p.size(), 0.f), gq(in.p.size(), 0.f), gk(in.p.size(), 0.f), d(in.q.size() + in.k.size() * 4, 0.f);
+  focus::cpu::soft_attention_forward(in.q.data(), in.k.data(), in.v.data(), in.p.data(), o1.data(), l1.data(), s);
+  const focus::cpu::SoftKeys keys{in.p.data(), gk.data(), 1};
+  focus::cpu::soft_attention_forward(in.q.data(), in.k.data(), in.v.data(), in.p.data(), o2.data(), l2.data(), s, keys);
+  EXPECT_EQ(0, std::memcmp(o1.data(), o2.data(), o1.size() * sizeof(float)));
+  VF dq(in.q.size(), 0.f), dk(in.k.size(), 0.f), dv(in.k.size(), 0.f);
+  focus::cpu::soft_attention_backward(in.q.data(), in.k.data(), in.v.data(), in.p.data(), o1.data(), l1.data(),
+                                      in.w.data(), dq.data(), dk.data(), dv.data(), g1.data(), s);
+  focus::cpu::soft_attention_backward(in.q.data(), in.k.data(), in.v.data(), in.p.data(), o1.data(), l1.data(),
+                                      in.w.data(), dq.data(), dk.data(), dv.data(), gq.data(), s, keys);
+  for (size_t i = 0; i < g1.size(); ++i) ASSERT_NEAR(g1[i], gq[i] + gk[i], 1e-5 * (1 + std::fabs(g1[i]))) << i;
+}
+
+TEST(SoftAttentionAsymmetric, RejectsBadRouterCounts) {
+  VF x(64 * 4, 0.1f), o(64 * 4), pk(64, 0.25f);
+  const AttnShape s = shape(2, 4, 2, 8, 4, 1, 0);
+  const focus::cpu::SoftKeys three{pk.data(), nullptr, 3};  // 3 routers over 2 kv heads
+  EXPECT_THROW(focus::cpu::soft_attention_forward(x.data(), x.data(), x.data(), x.data(), o.data(), nullptr, s, three),
+               focus::Error);
+  const focus::cpu::SoftKeys no_keys{nullptr, nullptr, 2};  // several routers need the keys' side
+  EXPECT_THROW(focus::cpu::soft_attention_forward(x.data(), x.data(), x.data(), x.data(), o.data(), nullptr, s, no_keys),
+               focus::Error);
+}

@@ -28,6 +28,12 @@ int run_retrofit_cmd(const RetrofitFlags& f) {
     if (!f.app->count("--dg")) o.focus.dg = s.dg;
     if (!f.app->count("--tau")) o.focus.tau = s.tau;
     if (!f.app->count("--learn-tau")) o.focus.learn_tau = s.learn_tau;
+    if (s.asymmetric) {  // and so does the routing shape of asymmetric routers
+      if (!f.app->count("--per-kv-head")) o.focus.per_kv_head = s.per_kv_head;
+      if (!f.app->count("--per-head")) o.focus.per_head = s.per_head;
+      if (!f.app->count("--route-on-qk")) o.focus.route_on_qk = s.route_on_qk;
+      if (!f.app->count("--key-capacity")) o.focus.key_capacity = s.key_capacity;
+    }
   }
   o.balance = parse_balance(f.balance);
   if (o.objective == "distill" && !f.app->count("--balance")) o.balance = Balance::Swav;
@@ -40,14 +46,15 @@ int run_retrofit_cmd(const RetrofitFlags& f) {
   std::printf("validation perplexity (%lld tokens)      before      after\n", (long long)r.before.tokens);
   row("pretrained (full attention)", r.before.ppl_pretrained, r.before.ppl_pretrained);
   row("sliding window + sinks only", r.before.ppl_window, r.before.ppl_window);
-  const int k = o.focus.topk, k2 = o.objective == "distill" ? (int)std::min<int64_t>(2 * k, o.focus.groups) : 2;
+  const bool asym = o.objective != "lm";
+  const int k = o.focus.topk, k2 = asym ? (int)std::min<int64_t>(2 * k, o.focus.groups) : 2;
   const std::string hk = "Focus hard top-" + std::to_string(k), hk2 = "Focus hard top-" + std::to_string(k2);
-  if (o.objective != "distill") row("Focus soft", r.before.ppl_soft, r.after.ppl_soft);
+  if (!asym) row("Focus soft", r.before.ppl_soft, r.after.ppl_soft);
   row(hk.c_str(), r.before.ppl_hard, r.after.ppl_hard);
   if (r.after.ppl_hard_k2 > 0) row(hk2.c_str(), r.before.ppl_hard_k2, r.after.ppl_hard_k2);
   std::printf("  hard top-%d density %.3f -> %.3f of causal pairs; group load max/mean %.2f -> %.2f\n", k,
               r.before.density_hard, r.after.density_hard, r.before.load_max_over_mean, r.after.load_max_over_mean);
-  if (o.objective == "distill")
+  if (asym)
     std::printf("  far attention mass read by the top-%d groups: %.3f -> %.3f\n", k, r.before.captured, r.after.captured);
   std::printf("routers written to %s (focus.json, router.safetensors, metrics.jsonl)\n", o.out.c_str());
   if (f.s.as_json) {
@@ -67,7 +74,7 @@ int run_retrofit_cmd(const RetrofitFlags& f) {
                      {"interrupted", r.interrupted},
                      {"out", o.out}};
     if (o.balance == Balance::Swav) j["swav_loss"] = r.swav_loss;
-    if (o.objective == "distill") {
+    if (asym) {
       j["captured"] = r.after.captured;
       j["captured_before"] = r.before.captured;
       j["far_mass"] = r.after.far_mass;
@@ -96,18 +103,22 @@ Command add_retrofit(CLI::App& app) {
   sub->add_option("--balance-weight", o.balance_weight, "SwAV loss weight or bias rate");
   sub->add_option("--objective", o.objective,
                   "lm: the language-model loss through soft attention; distill: asymmetric routers taught the "
-                  "frozen model's attention mass by group (dense forward, SwAV-balanced keys)")
-      ->check(CLI::IsMember({"lm", "distill"}));
+                  "frozen model's attention mass by group (dense forward, SwAV-balanced keys); sparse: asymmetric "
+                  "routers trained with the language-model loss through the pattern inference uses (keys in their "
+                  "capacity-balanced group, queries reading their top-k; straight-through gradients), usually from "
+                  "--init routers trained by distillation")
+      ->check(CLI::IsMember({"lm", "distill", "sparse"}));
   sub->add_flag("--route-on-qk", o.focus.route_on_qk,
                 "distill: routers read the rotated query and key vectors (width head_dim) instead of the hidden state");
-  sub->add_flag("--per-kv-head", o.focus.per_kv_head, "distill: one router per kv head (its query heads follow it)");
-  sub->add_flag("--per-head", o.focus.per_head, "distill: one router per query head (keys routed once per router)");
+  sub->add_flag("--per-kv-head", o.focus.per_kv_head, "distill, sparse: one router per kv head (its query heads follow it)");
+  sub->add_flag("--per-head", o.focus.per_head, "distill, sparse: one router per query head (keys routed once per router)");
   sub->add_option("--key-weight", o.distill.key_weight, "distill: weight of the key purity term");
   sub->add_option("--key-capacity", o.focus.key_capacity,
-                  "distill: at inference a group holds at most this times the mean key load");
+                  "distill, sparse: a group holds at most this times the mean key load (sparse: in training too)");
   sub->add_option("--init", o.init,
                   "start from the routers in this folder (continue training: more text, longer --ctx); "
-                  "--groups, --dg, --tau, --learn-tau default to the folder's");
+                  "--groups, --dg, --tau, --learn-tau (and for asymmetric routers --per-kv-head, --per-head, "
+                  "--route-on-qk, --key-capacity) default to the folder's");
   return {sub, [f] { return run_retrofit_cmd(*f); }};
 }
 

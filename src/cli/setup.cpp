@@ -20,6 +20,9 @@ void FocusFlags::add(CLI::App* app) {
   app->add_option("--dense-above", dense_above, "layers whose measured far attention mass is above this stay dense");
   app->add_flag("--topk-by-mass", topk_by_mass,
                 "asymmetric routers: each layer reads topk * (its far mass / the mean far mass) groups");
+  app->add_option("--topp", topp,
+                  "asymmetric routers: a query reads its best groups until they hold this share of its router's "
+                  "softmax, at most --topk of them (default then: all groups); 0: exactly --topk");
   app->add_option("--window", window, "Focus local window (default 64)");
   app->add_option("--sinks", sinks, "sink tokens visible to all (default 1)");
   app->add_option("--groups", groups, "groups G for a random router");
@@ -32,7 +35,7 @@ void FocusFlags::check() const {
   if (dir.empty()) {
     for (const char* f : {"--mode", "--topk", "--window", "--sinks", "--groups", "--dg", "--tau", "--router-seed",
                           "--routing", "--key-capacity", "--window-only-below", "--dense-above",
-                          "--topk-by-mass"})
+                          "--topk-by-mass", "--topp"})
       FOCUS_CHECK(!given(f), f, " needs --focus DIR (or --focus random)");
   } else if (dir != "random") {
     for (const char* f : {"--groups", "--dg", "--tau", "--router-seed", "--routing"})
@@ -67,6 +70,12 @@ std::unique_ptr<FocusRouters> FocusFlags::make(const Model& m) const {
   if (window_only_below >= 0) f->settings.window_only_below = window_only_below;
   if (dense_above >= 0) f->settings.dense_above = dense_above;
   if (topk_by_mass) f->settings.topk_by_mass = true;
+  if (topp >= 0) {
+    FOCUS_CHECK(topp <= 1.f, "--topp must be in [0, 1], got ", topp);
+    FOCUS_CHECK(topp == 0.f || f->settings.asymmetric, "--topp needs asymmetric routers");
+    f->settings.topp = topp;
+    if (topp > 0 && !topk) f->settings.topk = (int)f->settings.groups;
+  }
   FOCUS_CHECK(f->settings.local_window >= 1, "--window must be >= 1");
   FOCUS_CHECK(f->settings.topk >= 1 && (f->settings.asymmetric || f->settings.topk <= 2) &&
                   f->settings.topk <= f->settings.groups,
@@ -82,7 +91,8 @@ std::string describe_focus(const FocusRouters* f) {
   const FocusSettings& s = f->settings;
   return to_string(s.mode) + (s.asymmetric ? " asymmetric" : "") + " (window " + std::to_string(s.local_window) + ", sinks " + std::to_string(s.sinks) +
          ", groups " + std::to_string(s.groups) + ", d_g " + std::to_string(s.dg) +
-         (s.mode == FocusMode::Hard ? ", top-" + std::to_string(s.topk) : "") + ", " +
+         (s.mode == FocusMode::Hard ? ", top-" + std::to_string(s.topk) : "") +
+         (s.mode == FocusMode::Hard && s.topp > 0 ? ", top-p " + std::to_string(s.topp) : "") + ", " +
          std::to_string(f->routers.size()) + " routers)";
 }
 

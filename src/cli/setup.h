@@ -28,7 +28,7 @@ struct FocusFlags {
   int64_t window = -1, sinks = -1, groups = 16, dg = 16;
   int topk = 0;
   float tau = 0.1f;
-  float key_capacity = -1.f, window_only_below = -1.f, dense_above = -1.f;
+  float key_capacity = -1.f, window_only_below = -1.f, dense_above = -1.f, topp = -1.f;
   bool topk_by_mass = false;
   uint64_t seed = 1;
   void add(CLI::App* app);

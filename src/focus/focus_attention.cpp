@@ -209,15 +209,110 @@ struct KeyRoutingState final : AttentionState {
   }
 };
 
+// Keys at positions pos0 .. pos0+T-1 into groups [T]: each key takes its best group (scores s [T, G]
+// + bias) with room left, room = key_capacity times the mean load of the keys so far (load [G]:
+// keys at or after the sinks in each group, updated). A key's group depends on the keys before
+// it only: causal.
+void assign_keys(const FocusSettings& fs, const float* s, const float* bias, int64_t pos0, int64_t T, int64_t* load,
+                 int32_t* groups) {
+  const int64_t G = fs.groups;
+  for (int64_t t = 0; t < T; ++t) {
+    const int64_t j = pos0 + t;
+    const float* sc = s + t * G;
+    const bool counted = j >= fs.sinks;
+    const int64_t cap =
+        counted ? std::max<int64_t>(1, (int64_t)std::ceil(fs.key_capacity * (double)(j - fs.sinks + 1) / (double)G))
+                : INT64_MAX;
+    int32_t best = -1;
+    for (int64_t g = 0; g < G; ++g)
+      if (load[g] < cap && (best < 0 || sc[g] + bias[g] > sc[best] + bias[best])) best = (int32_t)g;
+    groups[t] = best;
+    if (counted) load[best]++;
+  }
+}
+
+// What the sparse training forward keeps: per router the key and query caches and the 0/1
+// memberships the kernel read, and their gradients.
+struct SparseTape final : AttentionState {
+  std::vector<RouterCache> kc, qc;  // [RH]
+  std::vector<float> mq, mk;        // [RH, T, G]: groups read by the queries, group of each key
+  std::vector<float> dmq, dmk;      // their gradients
+  void truncate(int64_t) override {}
+};
+
 // Asymmetric Focus, hard mode: keys in one group each (by W_k, causally balanced), queries read
 // their top-k groups (by W_r); one router per layer or per kv head (its query heads follow it).
 // The grouped kernel computes window, sinks and those groups.
 class AsymmetricFocusAttention final : public AttentionPolicy {
  public:
-  AsymmetricFocusAttention(const FocusSettings& fs, const RouterParams* rp, int64_t route_heads)
-      : fs_(fs), rp_(rp), rh_(route_heads) {}
+  AsymmetricFocusAttention(const FocusSettings& fs, const RouterParams* rp, int64_t route_heads,
+                            std::vector<float>* grads = nullptr, int64_t first_router = 0, RouterAuxHook hook = nullptr)
+      : fs_(fs), rp_(rp), rh_(route_heads), grads_(grads), first_(first_router), hook_(std::move(hook)) {}
   std::string name() const override { return "focus-asymmetric"; }
   bool reads_cache_views() const override { return true; }
+  bool trains_parameters() const override { return grads_ != nullptr; }
+
+  // Training through the pattern inference uses (retrofit --objective sparse): keys in their
+  // capacity-balanced group, queries reading their top-k groups, as 0/1 memberships of the soft
+  // kernel with a tiny eps (a masked pair keeps a weight of eps). The memberships' gradients
+  // (for a masked pair: the first-order change of the loss if it were read) pass straight
+  // through to the router scores of both sides.
+  void train_forward(const AttentionCall& a, AttentionTape& tape) const override {
+    FOCUS_CHECK(a.pos0 == 0, "Focus trains on whole windows from position 0");
+    FOCUS_CHECK(!fs_.route_on_qk, "sparse training reads the hidden state (routers on q/k vectors train by distillation)");
+    const int64_t G = fs_.groups, T = a.T, RH = rh_;
+    auto t = std::make_unique<SparseTape>();
+    t->kc.resize(RH);
+    t->qc.resize(RH);
+    t->mq.assign(RH * T * G, 0.f);
+    t->mk.assign(RH * T * G, 0.f);
+    std::vector<int32_t> kg(T), top(T * fs_.topk);
+    std::vector<int64_t> load(G);
+    for (int64_t r = 0; r < RH; ++r) {
+      router_forward(rp_[r], a.xn, T, t->kc[r], RouterSide::Key, true);
+      std::fill(load.begin(), load.end(), 0);
+      assign_keys(fs_, t->kc[r].s.data(), rp_[r].bias.data(), 0, T, load.data(), kg.data());
+      for (int64_t j = 0; j < T; ++j) t->mk[(r * T + j) * G + kg[j]] = 1.f;
+      router_forward(rp_[r], a.xn, T, t->qc[r], RouterSide::Query, true);
+      router_topk(t->qc[r].s.data(), rp_[r].bias.data(), T, G, fs_.topk, top.data());
+      for (int64_t i = 0; i < T; ++i)
+        for (int c = 0; c < fs_.topk; ++c) t->mq[(r * T + i) * G + top[i * fs_.topk + c]] = 1.f;
+    }
+    tape.lse.resize(a.cfg->heads * T);
+    const cpu::SoftKeys keys{t->mk.data(), nullptr, RH};
+    cpu::soft_attention_forward(a.q, a.k, a.v, t->mq.data(), a.out, tape.lse.data(), sparse_shape(a), keys);
+    tape.data = std::move(t);
+  }
+
+  void train_backward(const AttentionCall& a, AttentionTape& tape, const float* dout, float* dq, float* dk,
+                      float* dv) const override {
+    auto& t = static_cast<SparseTape&>(*tape.data);
+    t.dmq.assign(t.mq.size(), 0.f);
+    t.dmk.assign(t.mk.size(), 0.f);
+    const cpu::SoftKeys keys{t.mk.data(), t.dmk.data(), rh_};
+    cpu::soft_attention_backward(a.q, a.k, a.v, t.mq.data(), a.out, tape.lse.data(), dout, dq, dk, dv, t.dmq.data(),
+                                 sparse_shape(a), keys);
+  }
+
+  void train_backward_input(const AttentionCall& a, AttentionTape& tape, float* dxn) const override {
+    auto& t = static_cast<SparseTape&>(*tape.data);
+    const int64_t G = fs_.groups, T = a.T;
+    std::vector<float> scratch, ds_key;
+    for (int64_t r = 0; r < rh_; ++r) {
+      float* gr = nullptr;
+      if (grads_) {
+        gr = grads_[r].data();
+      } else {
+        scratch.assign(rp_[r].params.size(), 0.f);
+        gr = scratch.data();
+      }
+      const float* dmq = t.dmq.data() + r * T * G;
+      ds_key.assign(t.dmk.begin() + r * T * G, t.dmk.begin() + (r + 1) * T * G);
+      if (hook_) hook_(first_ + r, t.kc[r], ds_key.data());  // balance on the keys' scores
+      router_backward(rp_[r], a.xn, t.qc[r], nullptr, dmq, gr, dxn, RouterSide::Query);
+      router_backward(rp_[r], a.xn, t.kc[r], nullptr, ds_key.data(), gr, dxn, RouterSide::Key);
+    }
+  }
 
   void attend(const AttentionCall& a, std::unique_ptr<AttentionState>& state, AttentionStats* stats) const override {
     FOCUS_CHECK(fs_.mode == FocusMode::Hard, "asymmetric routers run in hard or window mode (they train by "
@@ -245,28 +340,15 @@ class AsymmetricFocusAttention final : public AttentionPolicy {
     for (int64_t r = 0; r < RH; ++r) {
       RouterCache kc;
       router_forward(rp_[r], router_input(a, fs_, r, RH, RouterSide::Key, in), T, kc, RouterSide::Key, false);
-      const float* bias = rp_[r].bias.data();
-      int64_t* load = ks->load.data() + r * G;
-      for (int64_t t = 0; t < T; ++t) {
-        const int64_t j = a.pos0 + t;
-        const float* sc = kc.s.data() + t * G;
-        const bool counted = j >= fs_.sinks;
-        const int64_t cap = counted ? std::max<int64_t>(1, (int64_t)std::ceil(fs_.key_capacity *
-                                                                               (double)(j - fs_.sinks + 1) / (double)G))
-                                    : INT64_MAX;
-        int32_t best = -1;
-        for (int64_t g = 0; g < G; ++g)
-          if (load[g] < cap && (best < 0 || sc[g] + bias[g] > sc[best] + bias[best])) best = (int32_t)g;
-        kg[r * T + t] = best;
-        if (counted) load[best]++;
-      }
+      assign_keys(fs_, kc.s.data(), rp_[r].bias.data(), a.pos0, T, ks->load.data() + r * G, kg.data() + r * T);
       ks->key_group[r].insert(ks->key_group[r].end(), kg.begin() + r * T, kg.begin() + (r + 1) * T);
     }
     ks->index.append(kg.data(), T);
 
     const ModelConfig& c = *a.cfg;
     if (n <= fs_.local_window) return dense_attention().attend(a, state, nullptr);
-    // Queries: the top-k groups of each router, for the query heads that router serves.
+    // Queries: the top-k groups of each router (or its top-p, up to k), for the query heads that
+    // router serves.
     const int k = fs_.topk;
     const int64_t heads_per = c.heads / RH;
     std::vector<int32_t> top(T * k), qg(T * c.heads * k);
@@ -274,7 +356,10 @@ class AsymmetricFocusAttention final : public AttentionPolicy {
       RouterCache qc;
       std::vector<float> in;
       router_forward(rp_[r], router_input(a, fs_, r, RH, RouterSide::Query, in), T, qc, RouterSide::Query, false);
-      router_topk(qc.s.data(), rp_[r].bias.data(), T, G, k, top.data());
+      if (fs_.topp > 0.f)
+        router_topp(qc.s.data(), rp_[r].bias.data(), T, G, fs_.topp, k, top.data());
+      else
+        router_topk(qc.s.data(), rp_[r].bias.data(), T, G, k, top.data());
       for (int64_t t = 0; t < T; ++t)
         for (int64_t h = r * heads_per; h < (r + 1) * heads_per; ++h)
           std::copy_n(top.data() + t * k, k, qg.data() + (t * c.heads + h) * k);
@@ -305,9 +390,22 @@ class AsymmetricFocusAttention final : public AttentionPolicy {
   }
 
  private:
+  cpu::AttnShape sparse_shape(const AttentionCall& a) const {
+    cpu::AttnShape s = focus_shape(*a.cfg, fs_, a.layer, a.T);
+    s.eps = kSparseEps;
+    return s;
+  }
+  // A masked pair's weight relative to a read one: small enough that the pattern is the hard one
+  // (8K masked keys leak under 1e-5 of a row's mass), large enough that its gradient stays a
+  // normal float.
+  static constexpr float kSparseEps = 1e-9f;
+
   FocusSettings fs_;
   const RouterParams* rp_;  // rh_ routers
   int64_t rh_;
+  std::vector<float>* grads_;  // rh_ gradient buffers, or null (inference)
+  int64_t first_;              // index of rp_[0] among all routers
+  RouterAuxHook hook_;
 };
 
 AttentionPlan make_plan(const ModelConfig& c, const FocusRouters& f, FocusMode mode,
@@ -329,7 +427,8 @@ AttentionPlan make_plan(const ModelConfig& c, const FocusRouters& f, FocusMode m
     else if (fs.asymmetric) {
       FocusSettings fl = fs;
       fl.topk = f.layer_topk(r);
-      plan.layers[l] = std::make_shared<AsymmetricFocusAttention>(fl, &f.routers[r], f.routers_per_layer);
+      plan.layers[l] = std::make_shared<AsymmetricFocusAttention>(fl, &f.routers[r], f.routers_per_layer,
+                                                                  grads ? &(*grads)[r] : nullptr, r, hook);
     }
     else
       plan.layers[l] =

@@ -72,6 +72,8 @@ void check_settings(const FocusSettings& s, const ModelConfig& c, const std::str
   FOCUS_CHECK(s.topk >= 1 && (s.asymmetric || s.topk <= 2), where, ": top-k must be ",
               s.asymmetric ? "at least 1" : "1 or 2 (symmetric routing)", " (got ", s.topk, ")");
   FOCUS_CHECK(s.topk <= s.groups, where, ": top-k exceeds the number of groups");
+  FOCUS_CHECK(s.topp == 0.f || (s.topp > 0.f && s.topp <= 1.f && s.asymmetric), where,
+              ": top-p must be in (0, 1] and needs asymmetric routing (got ", s.topp, ")");
   FOCUS_CHECK(!s.asymmetric || (s.key_capacity >= 1.f && std::isfinite(s.key_capacity)), where,
               ": key_capacity must be >= 1 (got ", s.key_capacity, ")");
   FOCUS_CHECK(s.window_only_below >= 0.f && s.window_only_below <= 1.f, where,
@@ -175,6 +177,7 @@ void save_focus(const FocusRouters& f, const std::string& dir, const ModelConfig
   if (s.per_head) j["per_head"] = true;
   if (s.route_on_qk) j["input"] = "qk";
   if (s.topk_by_mass) j["topk_by_mass"] = true;
+  if (s.topp > 0) j["topp"] = s.topp;
   if (!f.far_mass.empty()) j["far_mass"] = f.far_mass;
   if (s.window_only_below > 0) j["window_only_below"] = s.window_only_below;
   if (s.dense_above < 1) j["dense_above"] = s.dense_above;
@@ -231,6 +234,7 @@ FocusConfigFile read_focus_config(const std::string& dir, const ModelConfig& c) 
     FOCUS_CHECK(input == "hidden" || input == "qk", jp, ": unknown router input '", input, "' (expected hidden or qk)");
     s.route_on_qk = input == "qk";
     s.topk_by_mass = j.value("topk_by_mass", false);
+    s.topp = j.value("topp", 0.f);
     s.dense_above = j.value("dense_above", 1.f);
     FOCUS_CHECK(int_field(j, "model_dim", jp) == c.dim && int_field(j, "model_layers", jp) == c.layers, jp,
                 ": routers were made for a model with dim ", j.at("model_dim"), " and ", j.at("model_layers"),

@@ -53,6 +53,10 @@ struct FocusSettings {
   // k_l = round(topk * far_l / mean far) in [1, G] (the mean over the layers that route), so
   // layers that attend far read more groups and the others fewer, at about the same mean k.
   bool topk_by_mass = false;
+  // Asymmetric hard mode, adaptive: a query reads its best groups (by the router's softmax) until
+  // they hold this share of its softmax mass, at most topk of them (0: exactly topk). A query whose
+  // router is sure reads one group, an unsure one several (focus.json "topp").
+  float topp = 0.f;
 };
 
 struct FocusRouters {

@@ -240,4 +240,33 @@ void router_topk(const float* logits, const float* bias, int64_t n, int64_t g, i
   }
 }
 
+void router_topp(const float* logits, const float* bias, int64_t n, int64_t g, float p, int kmax, int32_t* groups) {
+  FOCUS_CHECK(kmax >= 1 && kmax <= g, "router_topp: kmax must be in [1, G=", g, "], got ", kmax);
+  FOCUS_CHECK(p > 0.f && p <= 1.f, "router_topp: p must be in (0, 1], got ", p);
+  FOCUS_CHECK(n >= 0, "router_topp: negative token count ", n);
+  FOCUS_CHECK(n == 0 || (logits && groups), "router_topp: null buffer");
+  std::vector<float> v(g);
+  std::vector<int32_t> order(g);
+  for (int64_t i = 0; i < n; ++i) {
+    const float* s = logits + i * g;
+    float mx = -INFINITY;
+    for (int64_t c = 0; c < g; ++c) mx = std::max(mx, v[c] = s[c] + (bias ? bias[c] : 0.f));
+    double z = 0;
+    for (int64_t c = 0; c < g; ++c) z += std::exp((double)(v[c] - mx));
+    for (int64_t c = 0; c < g; ++c) order[c] = (int32_t)c;
+    std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) { return v[a] > v[b]; });
+    int32_t* out = groups + i * kmax;
+    int cnt = 0;
+    double acc = 0;
+    while (cnt < kmax) {
+      const int32_t c = order[cnt];
+      out[cnt++] = c;
+      acc += std::exp((double)(v[c] - mx)) / z;
+      if (acc >= (double)p) break;
+    }
+    std::sort(out, out + cnt);
+    std::fill(out + cnt, out + kmax, -1);
+  }
+}
+
 }  // namespace focus

@@ -83,4 +83,9 @@ void router_backward(const RouterParams& rp, const float* x, const RouterCache& 
 // ascending group order to groups [N, k]; ties go to the lower group index.
 void router_topk(const float* logits, const float* bias, int64_t n, int64_t g, int k, int32_t* groups);
 
+// Adaptive membership: for each token, the fewest best groups of softmax(logits_i + bias) whose
+// probabilities sum to at least p (p in (0, 1]), at most kmax of them, written in ascending group
+// order to groups [N, kmax] with -1 in the unused slots; ties go to the lower group index.
+void router_topp(const float* logits, const float* bias, int64_t n, int64_t g, float p, int kmax, int32_t* groups);
+
 }  // namespace focus

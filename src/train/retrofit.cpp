@@ -66,7 +66,9 @@ json run_identity(const Model& m, const RetrofitOptions& o) {
             {"init", o.init},
             {"objective", o.objective}});
   if (o.objective == "distill")
-    j.update({{"key_weight", o.distill.key_weight},
+    j["key_weight"] = o.distill.key_weight;
+  if (o.objective != "lm")
+    j.update({
               {"key_capacity", o.focus.key_capacity},
               {"per_kv_head", o.focus.per_kv_head},
               {"per_head", o.focus.per_head},
@@ -186,14 +188,20 @@ RetrofitResult run_retrofit(const Model& m, const RetrofitOptions& o) {
   check_memory("retrofit at ctx " + std::to_string(o.ctx), training_memory(m.cfg, o.ctx, o.focus.groups, 0),
                "lower --ctx");
 
-  FOCUS_CHECK(o.objective == "lm" || o.objective == "distill", "retrofit: unknown objective '", o.objective,
-              "' (expected lm or distill)");
-  const bool distill = o.objective == "distill";
+  FOCUS_CHECK(o.objective == "lm" || o.objective == "distill" || o.objective == "sparse",
+              "retrofit: unknown objective '", o.objective, "' (expected lm, distill or sparse)");
+  const bool distill = o.objective == "distill", sparse = o.objective == "sparse";
   FocusSettings fs_ = o.focus;
-  fs_.mode = distill ? FocusMode::Hard : FocusMode::Soft;
-  fs_.asymmetric = distill;
+  fs_.mode = distill || sparse ? FocusMode::Hard : FocusMode::Soft;
+  fs_.asymmetric = distill || sparse;
   FOCUS_CHECK(!distill || o.balance == Balance::Swav, "retrofit: distillation balances the key groups with the "
               "SwAV loss (--balance swav, weight --balance-weight)");
+  FOCUS_CHECK(!sparse || o.balance != Balance::Bias, "retrofit: sparse training balances the keys by capacity "
+              "(and optionally --balance swav on their scores), not with --balance bias");
+  FOCUS_CHECK(!sparse || !o.focus.route_on_qk, "retrofit: sparse training reads the hidden state (no --route-on-qk)");
+  FOCUS_CHECK(!sparse || !o.focus.per_head || m.cfg.heads == m.cfg.kv_heads, "retrofit: sparse training routes per "
+              "layer or per kv head; routers per query head need as many kv heads as query heads (this model has ",
+              m.cfg.heads, " and ", m.cfg.kv_heads, ")");
   FocusRouters f = focus_init(m.cfg, fs_, o.seed);
   FOCUS_CHECK(!f.routers.empty(), "retrofit: the model has no global attention layer to route");
   if (!o.init.empty()) init_from(f, o.init, m.cfg);

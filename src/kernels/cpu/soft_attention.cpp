@@ -68,6 +68,8 @@ void gemm(const float* a, int64_t lda, const float* b, int64_t ldb, float* c, in
 // one KV group are then one contiguous block of rows.
 struct Dims {
   int64_t n, H, KVH, gs, hd, hdp, G, Gp, nb;
+  int64_t RH = 1;  // routers; kv head kvh reads router kvh / (KVH / RH)
+  int64_t router_of(int64_t kvh) const { return kvh / (KVH / RH); }
 };
 
 inline int tile_len(int64_t n, int64_t b) { return (int)std::min<int64_t>(kB, n - b * kB); }
@@ -104,17 +106,47 @@ void pack_cols(const float* src, int64_t n, int64_t heads, int64_t hd, int64_t h
   }
 }
 
-// p [n, G] -> pp [n, Gp] (zero-padded rows) and pt [nb, G, 64] (transposed tiles).
+// p [n, G] -> pp [n, Gp] (zero-padded rows) and, if pt is not null, pt [nb, G, 64] (transposed tiles).
 void pack_p(const float* p, const Dims& d, float* pp, float* pt) {
   std::fill(pp, pp + d.n * d.Gp, 0.f);
-  std::fill(pt, pt + d.nb * d.G * kB, 0.f);
+  if (pt) std::fill(pt, pt + d.nb * d.G * kB, 0.f);
   for (int64_t i = 0; i < d.n; ++i)
     for (int64_t g = 0; g < d.G; ++g) {
       FOCUS_CHECK(p[i * d.G + g] >= 0.f && p[i * d.G + g] <= 3.4e38f, "soft attention: router probability p[", i,
                   ", ", g, "] = ", p[i * d.G + g], " is negative or not finite");
       pp[i * d.Gp + g] = p[i * d.G + g];
-      pt[((i / kB) * d.G + g) * kB + i % kB] = p[i * d.G + g];
+      if (pt) pt[((i / kB) * d.G + g) * kB + i % kB] = p[i * d.G + g];
     }
+}
+
+// The packed memberships of every router: queries' rows pq, keys' rows pk and transposed tiles kt
+// (pk aliases pq when the keys use the queries' memberships).
+struct PackedP {
+  std::vector<float> pq, pk, kt;
+  int64_t rows = 0, tiles = 0;  // floats per router in pq/pk and in kt
+  const float* q(int64_t r) const { return pq.data() + r * rows; }
+  const float* k(int64_t r) const { return (pk.empty() ? pq.data() : pk.data()) + r * rows; }
+  const float* t(int64_t r) const { return kt.data() + r * tiles; }
+};
+
+PackedP pack_memberships(const float* p, const SoftKeys& keys, const Dims& d) {
+  PackedP pp;
+  if (!p) return pp;
+  pp.rows = d.n * d.Gp;
+  pp.tiles = d.nb * d.G * kB;
+  const int64_t in = d.n * d.G;
+  pp.pq.resize(d.RH * pp.rows);
+  pp.kt.resize(d.RH * pp.tiles);
+  if (keys.pk) pp.pk.resize(d.RH * pp.rows);
+  for (int64_t r = 0; r < d.RH; ++r) {
+    if (keys.pk) {
+      pack_p(p + r * in, d, pp.pq.data() + r * pp.rows, nullptr);
+      pack_p(keys.pk + r * in, d, pp.pk.data() + r * pp.rows, pp.kt.data() + r * pp.tiles);
+    } else {
+      pack_p(p + r * in, d, pp.pq.data() + r * pp.rows, pp.kt.data() + r * pp.tiles);
+    }
+  }
+  return pp;
 }
 
 // ---- the additive tile: masking and the Focus bias of one (query tile, key tile) pair.
@@ -167,7 +199,11 @@ void build_tile(const AttnShape& s, const Dims& d, const float* pp, const float*
   }
 }
 
-void check_shape(const char* who, const AttnShape& s, bool has_p) {
+void check_shape(const char* who, const AttnShape& s, bool has_p, const SoftKeys& keys) {
+  FOCUS_CHECK(keys.route_heads >= 1 && s.kv_heads % keys.route_heads == 0, who, ": routers (", keys.route_heads,
+              ") must divide kv_heads (", s.kv_heads, ")");
+  FOCUS_CHECK(keys.route_heads == 1 || keys.pk, who, ": several routers need the keys' memberships (pk)");
+  FOCUS_CHECK(has_p || !keys.pk, who, ": keys' memberships without the queries'");
   FOCUS_CHECK(s.n_q >= 0, who, ": negative token count ", s.n_q);
   FOCUS_CHECK(s.n_kv == s.n_q && s.q_pos0 == 0, who, ": self-attention needs n_kv == n_q (", s.n_kv, " vs ", s.n_q,
               ") and q_pos0 == 0 (got ", s.q_pos0, ")");
@@ -188,8 +224,9 @@ void check_shape(const char* who, const AttnShape& s, bool has_p) {
   }
 }
 
-Dims make_dims(const AttnShape& s, bool has_p) {
+Dims make_dims(const AttnShape& s, bool has_p, const SoftKeys& keys) {
   Dims d;
+  d.RH = keys.route_heads;
   d.n = s.n_q;
   d.H = s.heads;
   d.KVH = s.kv_heads;
@@ -216,26 +253,26 @@ inline int64_t last_query_tile(const AttnShape& s, const Dims& d, int64_t kb) {
 }  // namespace
 
 void soft_attention_forward(const float* q, const float* k, const float* v, const float* p, float* o, float* lse,
-                            const AttnShape& s) {
+                            const AttnShape& s, const SoftKeys& keys) {
   const bool has_p = p != nullptr;
-  check_shape("soft_attention_forward", s, has_p);
+  check_shape("soft_attention_forward", s, has_p, keys);
   if (s.n_q == 0) return;
   FOCUS_CHECK(q && k && v && o, "soft_attention_forward: null q, k, v or o");
-  const Dims d = make_dims(s, has_p);
+  const Dims d = make_dims(s, has_p, keys);
   const int64_t hdp = d.hdp;
 
-  // Shared packed operands: K^T tiles, V row tiles, p.
-  std::vector<float> ktp(d.nb * d.KVH * hdp * kB), vp(d.n * d.KVH * hdp), pp(d.n * d.Gp), pt(d.nb * d.G * kB);
+  // Shared packed operands: K^T tiles, V row tiles, the memberships of every router.
+  std::vector<float> ktp(d.nb * d.KVH * hdp * kB), vp(d.n * d.KVH * hdp);
   pack_cols(k, d.n, d.KVH, d.hd, hdp, ktp.data());
   pack_rows(v, d.n, d.KVH, d.hd, hdp, 1.f, vp.data());
-  if (has_p) pack_p(p, d, pp.data(), pt.data());
+  const PackedP pm = pack_memberships(p, keys, d);
 
   // The tile engine's online softmax, one query tile of every head at a time; the additive tile
-  // (bias and mask) of a (query tile, key tile) pair is made once for all heads.
+  // (bias and mask) of a (query tile, key tile) pair is made once per router for its heads.
 #pragma omp parallel
   {
     std::vector<tiles::QueryTile> qts(d.H, tiles::QueryTile(hdp));
-    tiles::AlignedFloats add(kB * kB);
+    std::vector<tiles::AlignedFloats> add(d.RH, tiles::AlignedFloats(kB * kB));
     tiles::RowSpan spans[kB];
 #pragma omp for schedule(dynamic, 1)
     for (int64_t it = 0; it < d.nb; ++it) {
@@ -250,7 +287,10 @@ void soft_attention_forward(const float* q, const float* k, const float* v, cons
         const int64_t j0 = kb * kB;
         const int cols = tile_len(d.n, kb);
         const TileInfo info = classify(s, has_p, t0, nr, j0, cols);
-        if (info.add()) build_tile(s, d, pp.data(), pt.data(), t0, nr, j0, cols, info, add.data(), nullptr);
+        if (info.add())
+          for (int64_t r = 0; r < d.RH; ++r)
+            build_tile(s, d, has_p ? pm.q(r) : nullptr, has_p ? pm.t(r) : nullptr, t0, nr, j0, cols, info,
+                       add[r].data(), nullptr);
         for (int r = 0; r < nr; ++r) {  // causal, within the sliding window
           const int64_t i = t0 + r;
           spans[r] = {};
@@ -260,9 +300,10 @@ void soft_attention_forward(const float* q, const float* k, const float* v, cons
         for (int64_t kvh = 0; kvh < d.KVH; ++kvh) {
           const float* kt = ktp.data() + (kb * d.KVH + kvh) * hdp * kB;
           const float* vt = vp.data() + (kb * kB * d.KVH + kvh * cols) * hdp;
+          const float* at = add[d.router_of(kvh)].data();
           for (int64_t h = kvh * d.gs; h < (kvh + 1) * d.gs; ++h) {
             if (info.add())
-              qts[h].visit<tiles::ExpMode::FastWhenFull, true>(kt, vt, hdp, 0, nr, spans, nullptr, add.data());
+              qts[h].visit<tiles::ExpMode::FastWhenFull, true>(kt, vt, hdp, 0, nr, spans, nullptr, at);
             else
               qts[h].visit<tiles::ExpMode::FastWhenFull>(kt, vt, hdp, 0, nr, spans, nullptr);
           }
@@ -277,27 +318,31 @@ void soft_attention_forward(const float* q, const float* k, const float* v, cons
 
 void soft_attention_backward(const float* q, const float* k, const float* v, const float* p, const float* o,
                              const float* lse, const float* dout, float* dq, float* dk, float* dv, float* dp,
-                             const AttnShape& s) {
+                             const AttnShape& s, const SoftKeys& keys) {
   const bool has_p = p != nullptr;
-  const bool want_dp = has_p && dp != nullptr;
-  check_shape("soft_attention_backward", s, has_p);
+  // Gradients of the queries' side (to dp) and of the keys' side (to dp, or keys.dpk with keys.pk).
+  const bool want_dq = has_p && dp != nullptr;
+  float* dk_out = keys.pk ? keys.dpk : dp;
+  const bool want_dk = has_p && dk_out != nullptr;
+  const bool want_dp = want_dq || want_dk;
+  check_shape("soft_attention_backward", s, has_p, keys);
   if (s.n_q == 0) return;
   FOCUS_CHECK(q && k && v && o && lse && dout && dq && dk && dv,
               "soft_attention_backward: null q, k, v, o, lse, dout, dq, dk or dv");
-  const Dims d = make_dims(s, has_p);
-  const int64_t hdp = d.hdp, nrows = d.n * d.H;
+  const Dims d = make_dims(s, has_p, keys);
+  const int64_t hdp = d.hdp, nrows = d.n * d.H, RH = d.RH, pr_rows = d.n * d.Gp;
 
   // Packed operands: scaled Q and dO row tiles, K row tiles and K^T / V^T tiles, lse and
   // delta = rowsum(dO * O) in row-tile order, p.
   std::vector<float> qp(nrows * hdp), dop(nrows * hdp), kp(d.n * d.KVH * hdp);
   std::vector<float> ktp(d.nb * d.KVH * hdp * kB), vtp(d.nb * d.KVH * hdp * kB);
-  std::vector<float> lsep(nrows), delta(nrows), pp(d.n * d.Gp), pt(d.nb * d.G * kB);
+  std::vector<float> lsep(nrows), delta(nrows);
   pack_rows(q, d.n, d.H, d.hd, hdp, s.scale, qp.data());
   pack_rows(dout, d.n, d.H, d.hd, hdp, 1.f, dop.data());
   pack_rows(k, d.n, d.KVH, d.hd, hdp, 1.f, kp.data());
   pack_cols(k, d.n, d.KVH, d.hd, hdp, ktp.data());
   pack_cols(v, d.n, d.KVH, d.hd, hdp, vtp.data());
-  if (has_p) pack_p(p, d, pp.data(), pt.data());
+  const PackedP pm = pack_memberships(p, keys, d);
 #pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < d.n; ++i)
     for (int64_t h = 0; h < d.H; ++h) {
@@ -327,16 +372,17 @@ void soft_attention_backward(const float* q, const float* k, const float* v, con
     }
   }
   std::vector<float> dq_part((size_t)nlists * nrows * hdp, 0.f);
-  std::vector<float> dp_part(want_dp ? (size_t)nlists * d.n * d.Gp : 0, 0.f);
+  std::vector<float> dp_part(want_dq ? (size_t)nlists * RH * pr_rows : 0, 0.f);
 
 #pragma omp parallel num_threads(nlists)
   {
     const int tid = omp_get_thread_num(), nth = omp_get_num_threads();
-    std::vector<float> st(d.gs * kB * kB), dpt(d.gs * kB * kB), add(kB * kB), inv(kB * kB), db(kB * kB);
-    std::vector<float> dk_acc(d.KVH * kB * hdp), dv_acc(d.KVH * kB * hdp), dpk(kB * d.Gp);
+    const int64_t T2 = kB * kB;
+    std::vector<float> st(d.gs * T2), dpt(d.gs * T2), add(RH * T2), inv(RH * T2), db(RH * T2);
+    std::vector<float> dk_acc(d.KVH * kB * hdp), dv_acc(d.KVH * kB * hdp), dpk(RH * kB * d.Gp);
     for (int li = tid; li < nlists; li += nth) {
       float* dqp = dq_part.data() + (size_t)li * nrows * hdp;
-      float* dpp = want_dp ? dp_part.data() + (size_t)li * d.n * d.Gp : nullptr;
+      float* dpp = want_dq ? dp_part.data() + (size_t)li * RH * pr_rows : nullptr;
       for (const int64_t kb : lists[li]) {
         const int64_t j0 = kb * kB;
         const int cols = tile_len(d.n, kb);
@@ -349,9 +395,10 @@ void soft_attention_backward(const float* q, const float* k, const float* v, con
           const TileInfo info = classify(s, has_p, t0, nr, j0, cols);
           const bool grad_bias = want_dp && info.biased;
           if (info.add())
-            build_tile(s, d, pp.data(), pt.data(), t0, nr, j0, cols, info, add.data(),
-                       grad_bias ? inv.data() : nullptr);
-          if (grad_bias) std::fill(db.begin(), db.begin() + nr * kB, 0.f);
+            for (int64_t r = 0; r < RH; ++r)
+              build_tile(s, d, has_p ? pm.q(r) : nullptr, has_p ? pm.t(r) : nullptr, t0, nr, j0, cols, info,
+                         add.data() + r * T2, grad_bias ? inv.data() + r * T2 : nullptr);
+          if (grad_bias) std::fill(db.begin(), db.end(), 0.f);
           for (int64_t kvh = 0; kvh < d.KVH; ++kvh) {
             const int R = (int)(d.gs * nr);
             const int64_t row0 = qb * kB * d.H + kvh * d.gs * nr;  // first packed row of this group
@@ -362,11 +409,12 @@ void soft_attention_backward(const float* q, const float* k, const float* v, con
             const float* krows = kp.data() + (kb * kB * d.KVH + kvh * cols) * hdp;
             float* P = st.data();
             float* dS = dpt.data();
+            const float* addr = add.data() + d.router_of(kvh) * T2;
             // P = exp(S + add - lse) [R, 64], recomputed exactly as in the forward.
             gemm<false>(qg, hdp, ktile, kB, P, kB, R, (int)hdp, kB, false);
             for (int rr = 0; rr < R; ++rr) {
               float* pr = P + rr * kB;
-              const float* ar = add.data() + (rr % nr) * kB;
+              const float* ar = addr + (rr % nr) * kB;
               const float lr = lsep[row0 + rr];
               for (int c = 0; c < kB; c += kV) {
                 const vf x = info.add() ? load(pr + c) + load(ar + c) : load(pr + c);
@@ -383,18 +431,25 @@ void soft_attention_backward(const float* q, const float* k, const float* v, con
             }
             gemm<true>(dS, kB, qg, hdp, dk_acc.data() + kvh * kB * hdp, hdp, cols, R, (int)hdp, true);
             gemm<false>(dS, kB, krows, hdp, dqp + row0 * hdp, hdp, R, cols, (int)hdp, true);
-            if (grad_bias)  // dBias = sum over the group's heads of dS
+            if (grad_bias)  // dBias = sum over the router's heads of dS
               for (int rr = 0; rr < R; ++rr) {
-                float* br = db.data() + (rr % nr) * kB;
+                float* br = db.data() + d.router_of(kvh) * T2 + (rr % nr) * kB;
                 for (int c = 0; c < kB; c += kV) store(br + c, load(br + c) + load(dS + rr * kB + c));
               }
           }
-          if (grad_bias) {
-            // dA = dBias / (A + eps); dp_i += dA p_j (query side), dp_j += dA^T p_i (key side).
-            for (int e = 0; e < nr * kB; e += kV) store(db.data() + e, load(db.data() + e) * load(inv.data() + e));
-            gemm<false>(db.data(), kB, pp.data() + j0 * d.Gp, d.Gp, dpp + t0 * d.Gp, d.Gp, nr, cols, (int)d.Gp, true);
-            gemm<true>(db.data(), kB, pp.data() + t0 * d.Gp, d.Gp, dpk.data(), d.Gp, cols, nr, (int)d.Gp, true);
-          }
+          if (grad_bias)
+            for (int64_t r = 0; r < RH; ++r) {
+              // dA = dBias / (A + eps); dp_i += dA pk_j (query side), dpk_j += dA^T p_i (key side).
+              float* dbr = db.data() + r * T2;
+              const float* ivr = inv.data() + r * T2;
+              for (int e = 0; e < nr * kB; e += kV) store(dbr + e, load(dbr + e) * load(ivr + e));
+              if (want_dq)
+                gemm<false>(dbr, kB, pm.k(r) + j0 * d.Gp, d.Gp, dpp + r * pr_rows + t0 * d.Gp, d.Gp, nr, cols,
+                            (int)d.Gp, true);
+              if (want_dk)
+                gemm<true>(dbr, kB, pm.q(r) + t0 * d.Gp, d.Gp, dpk.data() + r * kB * d.Gp, d.Gp, cols, nr, (int)d.Gp,
+                           true);
+            }
         }
         // This key tile's rows are ours alone.
         for (int c = 0; c < cols; ++c)
@@ -405,9 +460,11 @@ void soft_attention_backward(const float* q, const float* k, const float* v, con
             float* vo = dv + ((j0 + c) * d.KVH + kvh) * d.hd;
             for (int64_t e = 0; e < d.hd; ++e) ko[e] += a[e], vo[e] += b[e];
           }
-        if (want_dp)
-          for (int c = 0; c < cols; ++c)
-            for (int64_t g = 0; g < d.G; ++g) dp[(j0 + c) * d.G + g] += dpk[c * d.Gp + g];
+        if (want_dk)
+          for (int64_t r = 0; r < RH; ++r)
+            for (int c = 0; c < cols; ++c)
+              for (int64_t g = 0; g < d.G; ++g)
+                dk_out[(r * d.n + j0 + c) * d.G + g] += dpk[(r * kB + c) * d.Gp + g];
       }
     }
   }
@@ -424,12 +481,13 @@ void soft_attention_backward(const float* q, const float* k, const float* v, con
         out[e] += s.scale * acc;
       }
     }
-    if (want_dp)
-      for (int64_t g = 0; g < d.G; ++g) {
-        float acc = 0.f;
-        for (int li = 0; li < nlists; ++li) acc += dp_part[((size_t)li * d.n + i) * d.Gp + g];
-        dp[i * d.G + g] += acc;
-      }
+    if (want_dq)
+      for (int64_t r = 0; r < RH; ++r)
+        for (int64_t g = 0; g < d.G; ++g) {
+          float acc = 0.f;
+          for (int li = 0; li < nlists; ++li) acc += dp_part[(size_t)li * RH * pr_rows + r * pr_rows + i * d.Gp + g];
+          dp[(r * d.n + i) * d.G + g] += acc;
+        }
   }
 }
 

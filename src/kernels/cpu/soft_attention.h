@@ -25,14 +25,29 @@
 namespace focus::cpu {
 
 
+// Asymmetric form (the routing of focus/focus_attention.h trained through its hard pattern): the
+// queries' and the keys' memberships differ, and each of RH routers serves kv_heads / RH kv heads
+// (kv head h reads router h / (kv_heads / RH)):
+//   bias_ij (heads of router r) = log(sum_g p[r, i, g] pk[r, j, g] + eps)
+// with p, pk [RH, N, G] (RH divides kv_heads). With pk == nullptr, pk = p (and RH must be 1).
+// With 0/1 memberships and a tiny eps this is the hard pattern itself (a masked pair keeps a
+// weight of eps), and dL/dA_ij = dL/dbias_ij / (A_ij + eps) is, for a masked pair, the first-order
+// change of the loss if the pair were read: the straight-through gradient of the mask.
+struct SoftKeys {
+  const float* pk = nullptr;  // [RH, N, G] key memberships, or null: the keys use p
+  float* dpk = nullptr;       // [RH, N, G] their gradient (accumulated), or null to skip it
+  int64_t route_heads = 1;    // RH
+};
+
 // (q, k, v, p) -> o [N, H, Dh], lse [H, N] (lse may be null).
 void soft_attention_forward(const float* q, const float* k, const float* v, const float* p, float* o, float* lse,
-                            const AttnShape& s);
+                            const AttnShape& s, const SoftKeys& keys = {});
 
 // Given dout [N, H, Dh] and the forward's o and lse, accumulates (+=) dq, dk, dv and, when p is
-// not null, dp [N, G] (dp may be null to skip it). Buffers the caller wants fresh must be zeroed.
+// not null, dp [N, G] (dp may be null to skip it; with keys.pk the queries' side only, the keys'
+// side going to keys.dpk). Buffers the caller wants fresh must be zeroed.
 void soft_attention_backward(const float* q, const float* k, const float* v, const float* p, const float* o,
                              const float* lse, const float* dout, float* dq, float* dk, float* dv, float* dp,
-                             const AttnShape& s);
+                             const AttnShape& s, const SoftKeys& keys = {});
 
 }  // namespace focus::cpu

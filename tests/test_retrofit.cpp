@@ -40,6 +40,18 @@ RetrofitOptions small_run(const std::string& out) {
   return o;
 }
 
+// Distillation of asymmetric routers per kv head, top-2.
+RetrofitOptions distill_run(const std::string& out, int64_t steps) {
+  RetrofitOptions o = small_run(out);
+  o.objective = "distill";
+  o.balance = Balance::Swav;
+  o.focus.per_kv_head = true;
+  o.focus.topk = 2;
+  o.adam.lr = 1e-2f;
+  o.steps = steps;
+  return o;
+}
+
 std::vector<std::vector<float>> router_params(const std::string& dir, const ModelConfig& c) {
   FocusRouters f = load_focus(dir, c);
   std::vector<std::vector<float>> p;
@@ -170,16 +182,7 @@ TEST(Retrofit, DistillationTrainsAndResumesToTheSameBits) {
   FOCUS_NEED_FILE(book("pg-345-dracula.txt"));
   auto m = load_model(stories(), LoadOptions{tok512()});
   const std::string a = ::testing::TempDir() + "/focus_distill_a", b = ::testing::TempDir() + "/focus_distill_b";
-  auto opts = [&](const std::string& out) {
-    RetrofitOptions o = small_run(out);
-    o.objective = "distill";
-    o.balance = Balance::Swav;
-    o.focus.per_kv_head = true;
-    o.focus.topk = 2;
-    o.adam.lr = 1e-2f;
-    o.steps = 6;
-    return o;
-  };
+  auto opts = [&](const std::string& out) { return distill_run(out, 6); };
   const RetrofitResult full = run_retrofit(*m, opts(a));
   EXPECT_GT(full.after.captured, full.before.captured) << "training must raise the far mass the top-k groups read";
   const FocusRouters fa = load_focus(a, m->cfg);
@@ -197,6 +200,45 @@ TEST(Retrofit, DistillationTrainsAndResumesToTheSameBits) {
   EXPECT_EQ(load_focus(b, m->cfg).far_mass, fa.far_mass);
   ob.distill.key_weight = 0.5f;  // another objective weight is refused on resume
   EXPECT_THROW(run_retrofit(*m, ob), Error);
+}
+
+// Sparse training (--objective sparse) goes on from distilled routers with the language-model loss
+// through the hard pattern: the hard validation perplexity goes down, the folder stays asymmetric
+// per kv head, an interrupted run resumes to the same bits, and the bias balancer is refused.
+TEST(Retrofit, SparseTrainingLowersTheHardLossAndResumesToTheSameBits) {
+  FOCUS_NEED_FILE(stories());
+  FOCUS_NEED_FILE(book("pg-345-dracula.txt"));
+  auto m = load_model(stories(), LoadOptions{tok512()});
+  const std::string d = ::testing::TempDir() + "/focus_sparse_init", a = ::testing::TempDir() + "/focus_sparse_a",
+                    b = ::testing::TempDir() + "/focus_sparse_b";
+  run_retrofit(*m, distill_run(d, 4));
+  auto opts = [&](const std::string& out) {
+    RetrofitOptions o = small_run(out);
+    o.objective = "sparse";
+    o.init = d;
+    o.focus.per_kv_head = true;
+    o.focus.topk = 2;
+    o.adam.lr = 5e-3f;
+    o.steps = 6;
+    return o;
+  };
+  const RetrofitResult full = run_retrofit(*m, opts(a));
+  EXPECT_LT(full.after.ppl_hard, full.before.ppl_hard)
+      << "training through the pattern must lower its loss (hard validation ppl " << full.before.ppl_hard << " -> "
+      << full.after.ppl_hard << ")";
+  const FocusRouters fa = load_focus(a, m->cfg);
+  EXPECT_TRUE(fa.settings.asymmetric && fa.settings.per_kv_head);
+
+  RetrofitOptions ob = opts(b);
+  ob.stop_after = 3;
+  EXPECT_TRUE(run_retrofit(*m, ob).interrupted);
+  ob.stop_after = 0;
+  ob.resume = true;
+  EXPECT_EQ(run_retrofit(*m, ob).steps, 6);
+  EXPECT_EQ(router_params(a, m->cfg), router_params(b, m->cfg));
+  RetrofitOptions oc = opts(::testing::TempDir() + "/focus_sparse_c");
+  oc.balance = Balance::Bias;
+  EXPECT_THROW(run_retrofit(*m, oc), Error);
 }
 
 // With --balance swav every step's metrics line carries the SwAV loss: the mean over the step's

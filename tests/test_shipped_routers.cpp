@@ -72,10 +72,23 @@ TEST(ShippedRouters, SparseCausalAndDecodesLikePrefill) {
   EXPECT_GT(max_abs_diff(full, dense, (size_t)(2 * s.f.settings.local_window * D)), 1e-3)
       << "beyond the window the pattern is sparse";
 
-  // Causal: the first `cut` tokens alone give the same rows.
+  // Causal: the first `cut` tokens alone are routed to the same groups (exactly) and give the same
+  // rows, up to the float rounding that a longer sequence brings to the model's own dense rows.
   const std::vector<int32_t> prefix(ids.begin(), ids.begin() + cut);
-  const auto pre = hidden_of(*s.m, prefix, &s.plan);
-  EXPECT_LT(max_abs_diff(pre, full), 1e-4);
+  AttentionStats pst;
+  std::vector<std::vector<int32_t>> pgroups, fgroups;
+  pst.groups = &pgroups;
+  const auto pre = hidden_of(*s.m, prefix, &s.plan, &pst);
+  AttentionStats fst;
+  fst.groups = &fgroups;
+  hidden_of(*s.m, ids, &s.plan, &fst);
+  ASSERT_EQ(pgroups.size(), fgroups.size());
+  for (size_t l = 0; l < pgroups.size(); ++l) {
+    ASSERT_EQ(pgroups[l].size(), fgroups[l].empty() ? 0u : (size_t)cut) << "layer " << l;
+    EXPECT_TRUE(std::equal(pgroups[l].begin(), pgroups[l].end(), fgroups[l].begin())) << "layer " << l;
+  }
+  const double dense_noise = max_abs_diff(hidden_of(*s.m, prefix, nullptr), dense);
+  EXPECT_LT(max_abs_diff(pre, full), std::max(1e-4, 4 * dense_noise)) << "dense rows differ by " << dense_noise;
 
   // Decoding the last 16 tokens one at a time from the cache.
   KVCache c;

@@ -66,6 +66,8 @@ TEST(ShippedRouters, SparseCausalAndDecodesLikePrefill) {
   const int64_t n = 3 * s.f.settings.local_window, D = s.m->cfg.dim, cut = 2 * s.f.settings.local_window;
   const std::vector<int32_t> ids(s.ids.begin(), s.ids.begin() + n);
   AttentionStats st;
+  std::vector<std::vector<int32_t>> fgroups;
+  st.groups = &fgroups;
   const auto full = hidden_of(*s.m, ids, &s.plan, &st);
   EXPECT_LT(st.density(), 0.9);
   const auto dense = hidden_of(*s.m, ids, nullptr);
@@ -76,12 +78,9 @@ TEST(ShippedRouters, SparseCausalAndDecodesLikePrefill) {
   // rows, up to the float rounding that a longer sequence brings to the model's own dense rows.
   const std::vector<int32_t> prefix(ids.begin(), ids.begin() + cut);
   AttentionStats pst;
-  std::vector<std::vector<int32_t>> pgroups, fgroups;
+  std::vector<std::vector<int32_t>> pgroups;
   pst.groups = &pgroups;
   const auto pre = hidden_of(*s.m, prefix, &s.plan, &pst);
-  AttentionStats fst;
-  fst.groups = &fgroups;
-  hidden_of(*s.m, ids, &s.plan, &fst);
   ASSERT_EQ(pgroups.size(), fgroups.size());
   for (size_t l = 0; l < pgroups.size(); ++l) {
     ASSERT_EQ(pgroups[l].size(), fgroups[l].empty() ? 0u : (size_t)cut) << "layer " << l;

@@ -52,6 +52,15 @@ RetrofitOptions distill_run(const std::string& out, int64_t steps) {
   return o;
 }
 
+// Runs o stopped after 3 steps, then resumed to its end; the steps the resumed run reports.
+int64_t interrupted_then_resumed(const Model& m, RetrofitOptions o) {
+  o.stop_after = 3;
+  EXPECT_TRUE(run_retrofit(m, o).interrupted);
+  o.stop_after = 0;
+  o.resume = true;
+  return run_retrofit(m, o).steps;
+}
+
 std::vector<std::vector<float>> router_params(const std::string& dir, const ModelConfig& c) {
   FocusRouters f = load_focus(dir, c);
   std::vector<std::vector<float>> p;
@@ -191,13 +200,10 @@ TEST(Retrofit, DistillationTrainsAndResumesToTheSameBits) {
   for (float x : fa.far_mass) EXPECT_TRUE(x > 0.f && x < 1.f) << x;
 
   RetrofitOptions ob = opts(b);
-  ob.stop_after = 3;
-  EXPECT_TRUE(run_retrofit(*m, ob).interrupted);
-  ob.stop_after = 0;
-  ob.resume = true;
-  EXPECT_EQ(run_retrofit(*m, ob).steps, 6);
+  EXPECT_EQ(interrupted_then_resumed(*m, ob), 6);
   EXPECT_EQ(router_params(a, m->cfg), router_params(b, m->cfg));
   EXPECT_EQ(load_focus(b, m->cfg).far_mass, fa.far_mass);
+  ob.resume = true;
   ob.distill.key_weight = 0.5f;  // another objective weight is refused on resume
   EXPECT_THROW(run_retrofit(*m, ob), Error);
 }
@@ -229,12 +235,7 @@ TEST(Retrofit, SparseTrainingLowersTheHardLossAndResumesToTheSameBits) {
   const FocusRouters fa = load_focus(a, m->cfg);
   EXPECT_TRUE(fa.settings.asymmetric && fa.settings.per_kv_head);
 
-  RetrofitOptions ob = opts(b);
-  ob.stop_after = 3;
-  EXPECT_TRUE(run_retrofit(*m, ob).interrupted);
-  ob.stop_after = 0;
-  ob.resume = true;
-  EXPECT_EQ(run_retrofit(*m, ob).steps, 6);
+  EXPECT_EQ(interrupted_then_resumed(*m, opts(b)), 6);
   EXPECT_EQ(router_params(a, m->cfg), router_params(b, m->cfg));
   RetrofitOptions oc = opts(::testing::TempDir() + "/focus_sparse_c");
   oc.balance = Balance::Bias;

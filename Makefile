@@ -6,20 +6,29 @@ JOBS ?= $(shell nproc)
 DATA ?= $(abspath ../shared/data)
 CMAKE_FLAGS ?=
 
-.PHONY: setup build demo test test-asan check-package bench clean
+.PHONY: setup configure build build-tests demo test test-asan check-package bench clean
 
 setup:
 	bash scripts/setup.sh
 
-build:
+configure:
 	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release $(CMAKE_FLAGS) >/dev/null
+
+build: configure
 	cmake --build $(BUILD) -j $(JOBS)
 
 demo: setup build
 	bash scripts/demo.sh $(BUILD)/focus $(DATA)
 
-test: setup build
-	cd $(BUILD) && FOCUS_DATA=$(DATA) ctest --output-on-failure -j 2 --timeout 900
+# The tests need the library, the command-line binary and the test binary (not the benchmarks).
+build-tests: configure
+	cmake --build $(BUILD) -j $(JOBS) --target focus focus_tests
+
+# Two tests at a time, one thread each by default (tests of the threaded code set their own
+# counts); waiting threads sleep instead of spinning, so two tests never fight over a core.
+test: setup build-tests
+	cd $(BUILD) && FOCUS_DATA=$(DATA) OMP_NUM_THREADS=1 OMP_WAIT_POLICY=passive \
+	  ctest --output-on-failure -j 2 --timeout 900
 
 # The installed library as another project sees it: install into a temporary prefix, build
 # examples/ against it, run the example.
@@ -31,7 +40,7 @@ bench: build
 
 # The malformed-input suite against the command-line binary built on the sanitized library of
 # the fuzzing build (clang, AddressSanitizer + UBSan; scripts/fuzz.sh 0 builds it, fuzzing nothing).
-test-asan: build
+test-asan: build-tests
 	bash scripts/fuzz.sh 0
 	FOCUS_DATA=$(DATA) FOCUS_BIN=$(abspath build-fuzz/focus_san) ASAN_OPTIONS=detect_leaks=1 \
 	  $(BUILD)/focus_tests --gtest_filter='BadInputs.*'

@@ -40,9 +40,11 @@ if ! command -v clang++ >/dev/null || ! probe; then
   probe || { echo "[fuzz] error: clang++ -fsanitize=fuzzer does not link after installing clang" >&2; exit 1; }
 fi
 
-# ---- build
-cmake -S "$ROOT" -B "$BUILD" -DFOCUS_FUZZ=ON -DFOCUS_TESTS=OFF -DFOCUS_BENCH=OFF \
-  -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ >/dev/null
+# ---- build (-O1 with line tables: what libFuzzer and the sanitizers are made for, and much
+# quicker to compile than -O2 with full debug information)
+cmake -S "$ROOT" -B "$BUILD" -DFOCUS_FUZZ=ON -DFOCUS_TESTS=OFF -DFOCUS_BENCH=OFF -DCMAKE_BUILD_TYPE=None \
+  -DCMAKE_C_FLAGS="-O1 -gline-tables-only" -DCMAKE_CXX_FLAGS="-O1 -gline-tables-only" \
+  -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ >/dev/null
 cmake --build "$BUILD" --target fuzz_all -j "${FOCUS_FUZZ_JOBS:-$(nproc)}" >/dev/null
 
 if [ "$SECONDS_EACH" = 0 ]; then

@@ -10,6 +10,9 @@
 # under build-fuzz/findings/<harness>/). Reproduce one with build-fuzz/<harness> CRASH_FILE.
 #   FOCUS_FUZZ_JOBS   build parallelism (default: the number of cores)
 #   FOCUS_FUZZ_NICE   niceness of the fuzzing runs (default 10)
+#   FOCUS_FUZZ_RUNS   stop each harness after this many executions, SECONDS still being the cap
+#                     (e.g. FOCUS_FUZZ_RUNS=10000000 scripts/fuzz.sh 36000 fuzz_dequant)
+#   FOCUS_FUZZ_BUILD  0: use the harnesses already built (two runs side by side on one build)
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 BUILD="$ROOT/build-fuzz"
@@ -42,10 +45,12 @@ fi
 
 # ---- build (-O1 with line tables: what libFuzzer and the sanitizers are made for, and much
 # quicker to compile than -O2 with full debug information)
-cmake -S "$ROOT" -B "$BUILD" -DFOCUS_FUZZ=ON -DFOCUS_TESTS=OFF -DFOCUS_BENCH=OFF -DCMAKE_BUILD_TYPE=None \
-  -DCMAKE_C_FLAGS="-O1 -gline-tables-only" -DCMAKE_CXX_FLAGS="-O1 -gline-tables-only" \
-  -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ >/dev/null
-cmake --build "$BUILD" --target fuzz_all -j "${FOCUS_FUZZ_JOBS:-$(nproc)}" >/dev/null
+if [ "${FOCUS_FUZZ_BUILD:-1}" != 0 ]; then
+  cmake -S "$ROOT" -B "$BUILD" -DFOCUS_FUZZ=ON -DFOCUS_TESTS=OFF -DFOCUS_BENCH=OFF -DCMAKE_BUILD_TYPE=None \
+    -DCMAKE_C_FLAGS="-O1 -gline-tables-only" -DCMAKE_CXX_FLAGS="-O1 -gline-tables-only" \
+    -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ >/dev/null
+  cmake --build "$BUILD" --target fuzz_all -j "${FOCUS_FUZZ_JOBS:-$(nproc)}" >/dev/null
+fi
 
 if [ "$SECONDS_EACH" = 0 ]; then
   echo "[fuzz] built the harnesses and $BUILD/focus_san"
@@ -76,7 +81,7 @@ for h in "${harnesses[@]}"; do
   [ -d "$ROOT/fuzz/corpus/$h" ] && cp -r "$ROOT/fuzz/corpus/$h/." "$corpus/"
   log="$SCRATCH/$h/log"
   set +e
-  (cd "$SCRATCH/$h" && nice -n "${FOCUS_FUZZ_NICE:-10}" "$bin" -max_total_time="$SECONDS_EACH" -rss_limit_mb=2048 \
+  (cd "$SCRATCH/$h" && nice -n "${FOCUS_FUZZ_NICE:-10}" "$bin" -max_total_time="$SECONDS_EACH" -runs="${FOCUS_FUZZ_RUNS:--1}" -rss_limit_mb=2048 \
     -malloc_limit_mb=1024 -timeout=10 -print_final_stats=1 -artifact_prefix="$findings/" "$corpus" >"$log" 2>&1)
   rc=$?
   set -e

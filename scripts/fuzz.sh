@@ -73,7 +73,7 @@ failed=()
 printf "%-22s %12s %10s %s\n" harness executions exec/s result
 for h in "${harnesses[@]}"; do
   bin="$BUILD/$h"
-  [ -x "$bin" ] || { echo "[fuzz] error: no harness '$h' (fuzz/$h.cpp)" >&2; exit 2; }
+  [ -x "$bin" ] || { echo "[fuzz] error: no harness '$h' in $BUILD (fuzz/$h.cpp; with FOCUS_FUZZ_BUILD=0, build first: scripts/fuzz.sh 0)" >&2; exit 2; }
   corpus="$SCRATCH/$h/corpus"
   findings="$BUILD/findings/$h"
   rm -rf "$findings"

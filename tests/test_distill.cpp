@@ -189,6 +189,64 @@ TEST(AsymmetricRouting, SparseDecodesLikePrefillAndIsCausal) {
   }
 }
 
+// The hybrid pattern (groups plus positional blocks by the Quest bound): its pairs are those of
+// the groups and of block top-k together (density between the larger and their sum), it decodes
+// token by token (with a rollback into the middle of a block) as in one call, it is causal, every
+// block read makes it dense attention, and focus.json keeps its blocks.
+TEST(AsymmetricRouting, HybridBlocksDecodeLikePrefillAndAreCausal) {
+  auto m = random_model(Arch::Llama, 16);
+  const int64_t n = 60, D = m->cfg.dim;
+  const std::vector<int32_t> ids = window_of(n, m->cfg.vocab, 11).ids;
+  FocusSettings s = asym_settings(4, 1, 3);
+  s.per_kv_head = true;
+  const FocusRouters groups_only = focus_init(m->cfg, s, 8);
+  FocusRouters f = groups_only;
+  f.settings.blocks = 2;
+  f.settings.block_size = 4;
+  auto density = [&](const FocusRouters* r, const char* spec, std::vector<float>* h) {
+    const AttentionPlan plan = r ? focus_plan(m->cfg, *r) : make_attention_plan(m->cfg, spec);
+    AttentionStats st;
+    const auto out = hidden_of(*m, ids, &plan, &st);
+    if (h) *h = out;
+    return st.density();
+  };
+  std::vector<float> full;
+  const double dh = density(&f, nullptr, &full), dg = density(&groups_only, nullptr, nullptr);
+  const double db = density(nullptr, "blocktopk:block=4,k=2,window=3,sinks=1", nullptr);
+  EXPECT_GT(dh, std::max(dg, db) + 1e-3);
+  EXPECT_LT(dh, dg + db);
+  EXPECT_LT(dh, 0.9);
+  EXPECT_EQ(focus_plan(m->cfg, f).at(0).name(), "focus-hybrid");
+
+  const AttentionPlan plan = focus_plan(m->cfg, f);
+  KVCache c;
+  c.init(m->cfg, n);
+  std::vector<float> h(n * D);
+  forward(*m, ids.data(), 30, c, h.data(), &plan);
+  c.truncate(22);
+  for (int64_t i = 22; i < n; ++i) forward(*m, ids.data() + i, 1, c, h.data() + i * D, &plan);
+  EXPECT_LT(max_abs_diff(h, full), 1e-5);
+  const std::vector<int32_t> prefix(ids.begin(), ids.begin() + 41);
+  EXPECT_LT(max_abs_diff(hidden_of(*m, prefix, &plan), full, 0, 41 * D), 1e-5);
+
+  FocusRouters all = f;
+  all.settings.blocks = 100;
+  std::vector<float> dense_out;
+  EXPECT_NEAR(density(&all, nullptr, &dense_out), 1.0, 1e-12);
+  EXPECT_LT(max_abs_diff(dense_out, hidden_of(*m, ids, nullptr)), 1e-4);
+
+  const std::string dir = (std::filesystem::temp_directory_path() / "focus_test_hybrid_routers").string();
+  save_focus(f, dir, m->cfg, "random");
+  const FocusRouters g = load_focus(dir, m->cfg);
+  EXPECT_EQ(g.settings.blocks, 2);
+  EXPECT_EQ(g.settings.block_size, 4);
+  FocusSettings bad = s;
+  bad.asymmetric = false;
+  bad.topk = 1;
+  bad.blocks = 2;
+  EXPECT_THROW(focus_init(m->cfg, bad, 8), Error);
+}
+
 // Sparse training (retrofit --objective sparse) runs the pattern inference runs: its loss is the
 // hard policy's loss on the same window, per layer and per kv head, at top-1 and top-2. The
 // straight-through gradients reach both projections (W_r from the queries' memberships, W_k from

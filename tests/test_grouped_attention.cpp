@@ -1,7 +1,8 @@
 // Grouped (asymmetric) hard Focus attention: the fast kernel against the masked reference over
 // head layouts, routing granularities, slot counts, windows, sinks and lengths; chunks and
 // decoding against one full call; the all-groups routing against dense causal attention; the
-// key index kept incrementally; the pair count against brute force; bad ids.
+// key index kept incrementally; the pair count against brute force; the hybrid pattern (positional
+// blocks besides the groups) against the reference and dense attention; bad ids.
 //
 // Tolerance: both paths accumulate in float32 (the tiled one with the tile engine's vector exp).
 // A softmax-weighted sum of L values of magnitude O(1) has a relative error of a few ulp (6e-8)
@@ -34,12 +35,14 @@ struct Case {
   int kq = 2;
   double unused = 0.25;  // probability that a slot is -1
   uint32_t seed = 1;
+  int kb = 0;             // positional block slots per (row, head) (the hybrid pattern); 0: none
+  int64_t block = 16;     // keys per block
 };
 
 struct Problem {
   AttnShape s;
   std::vector<float> q, k, v;
-  std::vector<int32_t> key_group, query_groups;
+  std::vector<int32_t> key_group, query_groups, query_blocks;
   GroupedRouting r;
   GroupedKeyIndex idx;
 };
@@ -75,6 +78,22 @@ void make(Problem& P, const Case& c) {
       if (u(rng) >= c.unused) P.query_groups[x * c.kq + slot] = perm[slot];
   }
   P.r = GroupedRouting{c.G, c.RH, P.key_group.data(), c.kq, P.query_groups.data()};
+  if (c.kb > 0) {
+    // Any blocks of the sequence, distinct per (row, head): those in the window, at the sinks or
+    // after the row add nothing, which the kernel must get right too.
+    const int64_t nb = (c.n + c.block - 1) / c.block;
+    P.query_blocks.assign(std::max<int64_t>(1, c.n * c.heads * c.kb), -1);
+    std::vector<int32_t> bperm(nb);
+    for (int64_t x = 0; x < c.n * c.heads; ++x) {
+      std::iota(bperm.begin(), bperm.end(), 0);
+      std::shuffle(bperm.begin(), bperm.end(), rng);
+      for (int slot = 0; slot < std::min<int64_t>(c.kb, nb); ++slot)
+        if (u(rng) >= c.unused) P.query_blocks[x * c.kb + slot] = bperm[slot];
+    }
+    P.r.block_size = c.block;
+    P.r.kb = c.kb;
+    P.r.query_blocks = P.query_blocks.data();
+  }
   P.idx.build(P.r, c.n);
 }
 
@@ -117,7 +136,8 @@ double rel_err(const Out& a, const Out& b, const AttnShape& s) {
 std::string describe(const Case& c) {
   return "n " + std::to_string(c.n) + " heads " + std::to_string(c.heads) + "/" + std::to_string(c.kv_heads) +
          " hd " + std::to_string(c.hd) + " w " + std::to_string(c.window) + " S " + std::to_string(c.sinks) + " RH " +
-         std::to_string(c.RH) + " kq " + std::to_string(c.kq);
+         std::to_string(c.RH) + " kq " + std::to_string(c.kq) + " kb " + std::to_string(c.kb) + " B " +
+         std::to_string(c.block);
 }
 
 void check_case(const Case& c) {
@@ -347,6 +367,7 @@ TEST(GroupedPairCount, MatchesBruteForce) {
     for (int64_t window : {1, 8, 70})
       for (int kq : {1, 3}) {
         Case c;
+        c.kb = i % 3 == 2 ? 3 : 0;  // some with positional blocks (the hybrid pattern)
         c.n = 211;
         c.heads = 6;
         c.kv_heads = 2;
@@ -365,13 +386,74 @@ TEST(GroupedPairCount, MatchesBruteForce) {
           for (int64_t h = 0; h < c.heads; ++h) {
             const int64_t p = q_pos0 + t, rh = h / (c.heads / c.RH);
             const int32_t* gs = P.query_groups.data() + (t * c.heads + h) * c.kq;
+            const int32_t* bs = c.kb > 0 ? P.query_blocks.data() + (t * c.heads + h) * c.kb : nullptr;
             for (int64_t j = 0; j <= p; ++j) {
               const int32_t g = P.key_group[rh * c.n + j];
-              brute += p - j < window || j < s.sinks || std::find(gs, gs + c.kq, g) != gs + c.kq;
+              const bool in_block =
+                  c.kb > 0 && std::find(bs, bs + c.kb, (int32_t)(j / c.block)) != bs + c.kb;
+              brute += p - j < window || j < s.sinks || std::find(gs, gs + c.kq, g) != gs + c.kq || in_block;
             }
           }
         EXPECT_EQ(focus::cpu::grouped_pair_count(s, P.r, P.idx), brute) << describe(c) << " q_pos0 " << q_pos0;
       }
+}
+
+// The hybrid pattern: positional blocks read besides the groups, over layouts, block sizes, windows
+// and sinks; in prefill (every row gathered), in chunks and in decoding, against the reference.
+TEST(GroupedAttention, HybridBlocksMatchReference) {
+  const int64_t layouts[3][2] = {{4, 4}, {6, 2}, {4, 1}};
+  int i = 0;
+  for (const auto& hl : layouts)
+    for (int64_t block : {1, 7, 32})
+      for (int kb : {1, 3}) {
+        Case c;
+        c.n = 180 + 13 * i;
+        c.heads = hl[0];
+        c.kv_heads = hl[1];
+        c.RH = i % 2 ? hl[1] : hl[0];
+        c.window = i % 3 == 0 ? 1 : 20;
+        c.sinks = i % 2 ? 2 : 0;
+        c.kq = 1 + i % 3;
+        c.kb = kb;
+        c.block = block;
+        c.hd = i % 4 == 3 ? 40 : 64;
+        c.seed = 900 + i++;
+        Problem P;
+        make(P, c);
+        const Out ref = run_ref(P);
+        EXPECT_LE(rel_err(run_fast(P), ref, P.s), kTol) << describe(c);
+        for (int64_t rows : {1, 5, 60}) {  // decoding, a few rows, a chunk
+          const int64_t t0 = c.n - rows;
+          AttnShape s = P.s;
+          s.q_pos0 = t0;
+          s.n_q = rows;
+          GroupedRouting r = P.r;
+          r.query_groups = P.query_groups.data() + t0 * c.heads * c.kq;
+          r.query_blocks = P.query_blocks.data() + t0 * c.heads * c.kb;
+          Out part{std::vector<float>(rows * s.o_stride), std::vector<float>(s.heads * rows)};
+          focus::cpu::grouped_attention(P.q.data() + t0 * s.q_stride, P.k.data(), P.v.data(), part.o.data(),
+                                        part.lse.data(), s, r, P.idx);
+          EXPECT_LE(rel_err(part, rows, 0, ref, c.n, t0, rows, c.heads, c.hd), kTol) << describe(c) << " rows " << rows;
+        }
+      }
+}
+
+// Blocks that hold every key make the hybrid pattern dense causal attention, whatever the groups.
+TEST(GroupedAttention, HybridAllBlocksIsDenseCausal) {
+  Case c;
+  c.n = 130;
+  c.heads = 6;
+  c.kv_heads = 2;
+  c.RH = 2;
+  c.window = 3;
+  c.block = 10;
+  c.kb = 13;
+  c.unused = 0.0;
+  Problem P;
+  make(P, c);
+  Out ref{std::vector<float>(c.n * P.s.o_stride), std::vector<float>(P.s.heads * c.n)};
+  focus::cpu::attention_reference(P.q.data(), P.k.data(), P.v.data(), ref.o.data(), ref.lse.data(), P.s);
+  EXPECT_LE(rel_err(run_fast(P), ref, P.s), kTol);
 }
 
 TEST(GroupedAttention, BadIdsThrow) {
@@ -409,6 +491,21 @@ TEST(GroupedAttention, BadIdsThrow) {
   qg[2 * c.kq + 1] = 3;
   r = P.r;
   r.query_groups = qg.data();
+  EXPECT_THROW(fast(r, P.idx), focus::Error);
+  // Blocks: an id past the last block, below -1, listed twice, or slots with no list.
+  std::vector<int32_t> qb(c.n * c.heads * 2, -1);
+  r = P.r;
+  r.block_size = 16;
+  r.kb = 2;
+  r.query_blocks = qb.data();
+  EXPECT_NO_THROW(fast(r, P.idx));
+  for (int32_t bad : {int32_t{4}, int32_t{-2}}) {  // 50 keys: blocks 0 .. 3
+    qb[7] = bad;
+    EXPECT_THROW(fast(r, P.idx), focus::Error) << bad;
+  }
+  qb[6] = qb[7] = 1;
+  EXPECT_THROW(fast(r, P.idx), focus::Error);
+  r.query_blocks = nullptr;
   EXPECT_THROW(fast(r, P.idx), focus::Error);
   // An index of another routing, or too short.
   GroupedKeyIndex other;

@@ -23,6 +23,10 @@ void FocusFlags::add(CLI::App* app) {
   app->add_option("--topp", topp,
                   "asymmetric routers: a query reads its best groups until they hold this share of its router's "
                   "softmax, at most --topk of them (default then: all groups); 0: exactly --topk");
+  app->add_option("--blocks", blocks,
+                  "asymmetric routers, the hybrid pattern: each query head also reads the block of its last far "
+                  "key and this many more positional blocks, those with the largest bound of q.k (0: groups only)");
+  app->add_option("--block-size", block_size, "positional blocks of the hybrid pattern: keys per block (default 64)");
   app->add_option("--window", window, "Focus local window (default 64)");
   app->add_option("--sinks", sinks, "sink tokens visible to all (default 1)");
   app->add_option("--groups", groups, "groups G for a random router");
@@ -35,7 +39,7 @@ void FocusFlags::check() const {
   if (dir.empty()) {
     for (const char* f : {"--mode", "--topk", "--window", "--sinks", "--groups", "--dg", "--tau", "--router-seed",
                           "--routing", "--key-capacity", "--window-only-below", "--dense-above",
-                          "--topk-by-mass", "--topp"})
+                          "--topk-by-mass", "--topp", "--blocks", "--block-size"})
       FOCUS_CHECK(!given(f), f, " needs --focus DIR (or --focus random)");
   } else if (dir != "random") {
     for (const char* f : {"--groups", "--dg", "--tau", "--router-seed", "--routing"})
@@ -76,6 +80,14 @@ std::unique_ptr<FocusRouters> FocusFlags::make(const Model& m) const {
     f->settings.topp = topp;
     if (topp > 0 && !topk) f->settings.topk = (int)f->settings.groups;
   }
+  if (blocks >= 0) {
+    FOCUS_CHECK(blocks == 0 || f->settings.asymmetric, "--blocks needs asymmetric routers");
+    f->settings.blocks = blocks;
+  }
+  if (block_size >= 0) {
+    FOCUS_CHECK(block_size >= 1, "--block-size must be >= 1");
+    f->settings.block_size = block_size;
+  }
   FOCUS_CHECK(f->settings.local_window >= 1, "--window must be >= 1");
   FOCUS_CHECK(f->settings.topk >= 1 && (f->settings.asymmetric || f->settings.topk <= 2) &&
                   f->settings.topk <= f->settings.groups,
@@ -92,7 +104,11 @@ std::string describe_focus(const FocusRouters* f) {
   return to_string(s.mode) + (s.asymmetric ? " asymmetric" : "") + " (window " + std::to_string(s.local_window) + ", sinks " + std::to_string(s.sinks) +
          ", groups " + std::to_string(s.groups) + ", d_g " + std::to_string(s.dg) +
          (s.mode == FocusMode::Hard ? ", top-" + std::to_string(s.topk) : "") +
-         (s.mode == FocusMode::Hard && s.topp > 0 ? ", top-p " + std::to_string(s.topp) : "") + ", " +
+         (s.mode == FocusMode::Hard && s.topp > 0 ? ", top-p " + std::to_string(s.topp) : "") +
+         (s.mode == FocusMode::Hard && s.blocks > 0
+              ? ", blocks 1+" + std::to_string(s.blocks) + " of " + std::to_string(s.block_size)
+              : "") +
+         ", " +
          std::to_string(f->routers.size()) + " routers)";
 }
 

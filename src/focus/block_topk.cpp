@@ -56,7 +56,7 @@ class BlockTopKAttention final : public AttentionPolicy {
       return;
     }
     std::vector<int32_t> qg;
-    const int kq = select(a, *st, qg);
+    const int kq = block_topk_select(a, *st, s_, qg);
     cpu::AttnShape sh = layer_attn_shape(c, a.layer, a.pos0, a.T);
     sh.local_window = s_.window;
     sh.sinks = s_.sinks;
@@ -75,59 +75,56 @@ class BlockTopKAttention final : public AttentionPolicy {
     stats->layers++;
   }
 
-  // The blocks of every (row, head) into qg [T, heads, kq]; returns kq. Slot 0 holds the block of
-  // the row's last far key p - w (its keys up to p - w are far, the rest are in the window, which
-  // the kernel shows anyway); the others the top K complete blocks before it by their bound,
-  // ascending, then -1. A row with no far key beyond the sinks (p - w < S) reads nothing.
-  int select(const AttentionCall& a, const BlockTopKState& st, std::vector<int32_t>& qg) const {
-    const ModelConfig& c = *a.cfg;
-    const int64_t H = c.heads, hpk = c.heads / c.kv_heads, hd = c.head_dim, B = s_.block, w = s_.window;
-    // Blocks before lo hold sink keys only, which every row sees without reading them.
-    const int64_t lo = s_.sinks / B;
-    const int64_t last_far = a.pos0 + a.T - 1 - w;
-    const int64_t max_cand = last_far >= s_.sinks ? std::max<int64_t>(0, last_far / B - lo) : 0;
-    // No more slots than the call's rows can fill: a huge K costs nothing.
-    const int64_t K = std::min(s_.k, max_cand);
-    const int64_t kq = K + 1;
-    qg.assign(a.T * H * kq, -1);
-    const int64_t work = a.T * H * max_cand * hd;
-#pragma omp parallel if (work > (int64_t{1} << 18))
-    {
-      std::vector<std::pair<float, int32_t>> cand;
-#pragma omp for schedule(dynamic, 4)
-      for (int64_t t = 0; t < a.T; ++t) {
-        const int64_t f = a.pos0 + t - w;
-        if (f < s_.sinks) continue;
-        const int64_t cur = f / B, nb = cur - lo;
-        for (int64_t h = 0; h < H; ++h) {
-          int32_t* slots = qg.data() + (t * H + h) * kq;
-          slots[0] = (int32_t)cur;
-          if (nb <= K) {  // every candidate fits
-            for (int64_t b = lo; b < cur; ++b) slots[1 + b - lo] = (int32_t)b;
-            continue;
-          }
-          if (K == 0) continue;
-          const float* qr = a.q + t * c.q_dim() + h * hd;
-          const int64_t off = (h / hpk) * hd;
-          cand.resize(nb);
-          for (int64_t b = lo; b < cur; ++b) {
-            const int64_t at = b * c.kv_heads * hd + off;
-            cand[b - lo] = {block_bound(qr, st.kmin.data() + at, st.kmax.data() + at, hd), (int32_t)b};
-          }
-          std::nth_element(cand.begin(), cand.begin() + (K - 1), cand.end(), better);
-          std::sort(cand.begin(), cand.begin() + K,
-                    [](const auto& x, const auto& y) { return x.second < y.second; });
-          for (int64_t i = 0; i < K; ++i) slots[1 + i] = cand[i].second;
-        }
-      }
-    }
-    return (int)kq;
-  }
-
   BlockTopKSettings s_;
 };
 
 }  // namespace
+
+int block_topk_select(const AttentionCall& a, const BlockTopKState& st, const BlockTopKSettings& s,
+                      std::vector<int32_t>& qg) {
+  const ModelConfig& c = *a.cfg;
+  const int64_t H = c.heads, hpk = c.heads / c.kv_heads, hd = c.head_dim, B = s.block, w = s.window;
+  // Blocks before lo hold sink keys only, which every row sees without reading them.
+  const int64_t lo = s.sinks / B;
+  const int64_t last_far = a.pos0 + a.T - 1 - w;
+  const int64_t max_cand = last_far >= s.sinks ? std::max<int64_t>(0, last_far / B - lo) : 0;
+  // No more slots than the call's rows can fill: a huge K costs nothing.
+  const int64_t K = std::min(s.k, max_cand);
+  const int64_t kq = K + 1;
+  qg.assign(a.T * H * kq, -1);
+  const int64_t work = a.T * H * max_cand * hd;
+#pragma omp parallel if (work > (int64_t{1} << 18))
+  {
+    std::vector<std::pair<float, int32_t>> cand;
+#pragma omp for schedule(dynamic, 4)
+    for (int64_t t = 0; t < a.T; ++t) {
+      const int64_t f = a.pos0 + t - w;
+      if (f < s.sinks) continue;
+      const int64_t cur = f / B, nb = cur - lo;
+      for (int64_t h = 0; h < H; ++h) {
+        int32_t* slots = qg.data() + (t * H + h) * kq;
+        slots[0] = (int32_t)cur;
+        if (nb <= K) {  // every candidate fits
+          for (int64_t b = lo; b < cur; ++b) slots[1 + b - lo] = (int32_t)b;
+          continue;
+        }
+        if (K == 0) continue;
+        const float* qr = a.q + t * c.q_dim() + h * hd;
+        const int64_t off = (h / hpk) * hd;
+        cand.resize(nb);
+        for (int64_t b = lo; b < cur; ++b) {
+          const int64_t at = b * c.kv_heads * hd + off;
+          cand[b - lo] = {block_bound(qr, st.kmin.data() + at, st.kmax.data() + at, hd), (int32_t)b};
+        }
+        std::nth_element(cand.begin(), cand.begin() + (K - 1), cand.end(), better);
+        std::sort(cand.begin(), cand.begin() + K,
+                  [](const auto& x, const auto& y) { return x.second < y.second; });
+        for (int64_t i = 0; i < K; ++i) slots[1 + i] = cand[i].second;
+      }
+    }
+  }
+  return (int)kq;
+}
 
 void BlockTopKState::append(const float* k, int64_t kv_stride, int64_t n) {
   const int64_t n0 = len(), B = block, kvd = kv_heads * head_dim;

@@ -51,4 +51,12 @@ struct BlockTopKState final : AttentionState {
   void truncate(int64_t n) override;
 };
 
+// The blocks of every (row, head) of call a into qg [T, heads, kq]; returns kq = s.k + 1. Slot 0
+// holds the block of the row's last far key p - w (its keys up to p - w are far, the rest are in
+// the window, which the kernel shows anyway); the others the top K complete blocks before it by
+// their bound, ascending, then -1. A row with no far key beyond the sinks (p - w < S) reads
+// nothing. st must hold the keys up to the call's last row.
+int block_topk_select(const AttentionCall& a, const BlockTopKState& st, const BlockTopKSettings& s,
+                      std::vector<int32_t>& qg);
+
 }  // namespace focus

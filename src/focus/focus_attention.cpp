@@ -8,6 +8,7 @@
 #include "focus/focus_cache.h"
 #include "focus/group_layout.h"
 #include "focus/balancing.h"
+#include "focus/block_topk.h"
 #include "kernels/cpu/cached_attention.h"
 #include "kernels/cpu/grouped_attention.h"
 #include "kernels/cpu/soft_attention.h"
@@ -197,8 +198,10 @@ struct KeyRoutingState final : AttentionState {
   std::vector<std::vector<int32_t>> key_group;  // [RH][len]
   std::vector<int64_t> load;                    // [RH, G] keys at or after the sinks in each group
   cpu::GroupedKeyIndex index;
+  std::unique_ptr<BlockTopKState> blocks;  // the hybrid pattern's positional blocks, or null
   int64_t len() const { return (int64_t)key_group[0].size(); }
   void truncate(int64_t n) override {
+    if (blocks) blocks->truncate(n);
     const int64_t old = len();
     if (old <= n) return;
     for (int64_t r = 0; r < route_heads; ++r) {
@@ -248,8 +251,9 @@ class AsymmetricFocusAttention final : public AttentionPolicy {
   AsymmetricFocusAttention(const FocusSettings& fs, const RouterParams* rp, int64_t route_heads,
                             std::vector<float>* grads = nullptr, int64_t first_router = 0, RouterAuxHook hook = nullptr)
       : fs_(fs), rp_(rp), rh_(route_heads), grads_(grads), first_(first_router), hook_(std::move(hook)) {}
-  std::string name() const override { return "focus-asymmetric"; }
-  bool reads_cache_views() const override { return true; }
+  std::string name() const override { return fs_.blocks > 0 ? "focus-hybrid" : "focus-asymmetric"; }
+  // The hybrid pattern's block bounds are made from float keys.
+  bool reads_cache_views() const override { return fs_.blocks == 0; }
   bool trains_parameters() const override { return grads_ != nullptr; }
 
   // Training through the pattern inference uses (retrofit --objective sparse): keys in their
@@ -328,11 +332,21 @@ class AsymmetricFocusAttention final : public AttentionPolicy {
       ks->key_group.resize(RH);
       ks->load.assign(RH * G, 0);
       ks->index.reset(G, RH);
+      if (fs_.blocks > 0) {
+        ks->blocks = std::make_unique<BlockTopKState>();
+        ks->blocks->block = fs_.block_size;
+        ks->blocks->kv_heads = a.cfg->kv_heads;
+        ks->blocks->head_dim = a.cfg->head_dim;
+        ks->blocks->index.reset(1, 1);
+      }
       state = std::move(ks);
     }
     auto* ks = dynamic_cast<KeyRoutingState*>(state.get());
-    FOCUS_CHECK(ks && ks->route_heads == RH && ks->len() == a.pos0, "forward: the KV cache of layer ", a.layer,
+    FOCUS_CHECK(ks && ks->route_heads == RH && ks->len() == a.pos0 && (fs_.blocks > 0) == (ks->blocks != nullptr) &&
+                    (!ks->blocks || (ks->blocks->len() == a.pos0 && ks->blocks->block == fs_.block_size)),
+                "forward: the KV cache of layer ", a.layer,
                 " was filled by another attention policy or holds another length");
+    if (ks->blocks) ks->blocks->append(a.k, a.cfg->kv_dim(), a.pos0 + a.T);
     // Keys: the best group with room, room = key_capacity times the mean load of the keys so far
     // (a key's group depends on the keys before it only: causal).
     std::vector<int32_t> kg(RH * T);  // [RH, T]
@@ -369,6 +383,13 @@ class AsymmetricFocusAttention final : public AttentionPolicy {
     s.sinks = fs_.sinks;
     // The kernel reads the keys' groups from the index; only the pair count needs them flat.
     cpu::GroupedRouting routing{G, RH, nullptr, k, qg.data()};
+    std::vector<int32_t> qb;
+    if (ks->blocks) {
+      const BlockTopKSettings bs{fs_.block_size, fs_.blocks, fs_.local_window, fs_.sinks};
+      routing.kb = block_topk_select(a, *ks->blocks, bs, qb);
+      routing.block_size = fs_.block_size;
+      routing.query_blocks = qb.data();
+    }
     if (a.pos0 > 0)
       cpu::grouped_attention(a.q, cache_or_floats(a.cache_k, a.k), cache_or_floats(a.cache_v, a.v), a.out, nullptr, s,
                              routing, ks->index);

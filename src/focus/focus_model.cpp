@@ -84,6 +84,10 @@ void check_settings(const FocusSettings& s, const ModelConfig& c, const std::str
   FOCUS_CHECK(s.dense_above >= 0.f && s.dense_above <= 1.f, where, ": dense_above must be in [0, 1] (got ",
               s.dense_above, ")");
   FOCUS_CHECK(s.tau > 0 && std::isfinite(s.tau), where, ": temperature must be positive");
+  FOCUS_CHECK(s.blocks >= 0 && s.blocks <= (1 << 20) && (s.blocks == 0 || s.asymmetric), where,
+              ": blocks must be >= 0 and needs asymmetric routing (got ", s.blocks, ")");
+  FOCUS_CHECK(s.block_size >= 1 && s.block_size <= (1 << 20), where, ": block_size must be in [1, 2^20] (got ",
+              s.block_size, ")");
 }
 }  // namespace
 
@@ -178,6 +182,10 @@ void save_focus(const FocusRouters& f, const std::string& dir, const ModelConfig
   if (s.route_on_qk) j["input"] = "qk";
   if (s.topk_by_mass) j["topk_by_mass"] = true;
   if (s.topp > 0) j["topp"] = s.topp;
+  if (s.blocks > 0) {
+    j["blocks"] = s.blocks;
+    j["block_size"] = s.block_size;
+  }
   if (!f.far_mass.empty()) j["far_mass"] = f.far_mass;
   if (s.window_only_below > 0) j["window_only_below"] = s.window_only_below;
   if (s.dense_above < 1) j["dense_above"] = s.dense_above;
@@ -236,6 +244,8 @@ FocusConfigFile read_focus_config(const std::string& dir, const ModelConfig& c) 
     s.topk_by_mass = j.value("topk_by_mass", false);
     s.topp = j.value("topp", 0.f);
     s.dense_above = j.value("dense_above", 1.f);
+    if (j.contains("blocks")) s.blocks = int_field(j, "blocks", jp);
+    if (j.contains("block_size")) s.block_size = int_field(j, "block_size", jp);
     FOCUS_CHECK(int_field(j, "model_dim", jp) == c.dim && int_field(j, "model_layers", jp) == c.layers, jp,
                 ": routers were made for a model with dim ", j.at("model_dim"), " and ", j.at("model_layers"),
                 " layers; this model has dim ", c.dim, " and ", c.layers, " layers");

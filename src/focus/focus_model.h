@@ -57,6 +57,13 @@ struct FocusSettings {
   // they hold this share of its softmax mass, at most topk of them (0: exactly topk). A query whose
   // router is sure reads one group, an unsure one several (focus.json "topp").
   float topp = 0.f;
+  // Asymmetric hard mode, the hybrid pattern (focus.json "blocks", "block_size"): besides its
+  // groups, each query head reads positional blocks of block_size keys beyond its window, as block
+  // top-k does (baselines: focus/block_topk.h): the block of its last far key and the `blocks`
+  // complete blocks with the largest Quest bound of q.k. Groups catch content far back, blocks
+  // the recent-but-not-local attention that content groups miss. 0: groups only.
+  int64_t blocks = 0;
+  int64_t block_size = 64;
 };
 
 struct FocusRouters {

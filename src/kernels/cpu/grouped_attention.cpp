@@ -54,6 +54,22 @@ void check_routing(const AttnShape& s, const GroupedRouting& r) {
                       " twice");
       }
     }
+  if (r.kb == 0) return;
+  FOCUS_CHECK(r.kb > 0 && r.block_size >= 1, "grouped attention: kb ", r.kb, " and block_size ", r.block_size,
+              " must be positive");
+  FOCUS_CHECK(s.n_q == 0 || r.query_blocks, "grouped attention: kb ", r.kb, " but no query_blocks");
+  const int64_t nb = (s.n_kv + r.block_size - 1) / r.block_size;
+  for (int64_t t = 0; t < s.n_q; ++t)
+    for (int64_t h = 0; h < s.heads; ++h) {
+      const int32_t* b = r.query_blocks + (t * s.heads + h) * r.kb;
+      for (int c = 0; c < r.kb; ++c) {
+        FOCUS_CHECK(b[c] >= -1 && b[c] < nb, "grouped attention: query block id ", b[c], " (row ", t, ", head ", h,
+                    ", slot ", c, ") outside [-1, ", nb, ")");
+        for (int c2 = 0; c2 < c; ++c2)
+          FOCUS_CHECK(b[c] < 0 || b[c] != b[c2], "grouped attention: row ", t, ", head ", h, " lists block ", b[c],
+                      " twice");
+      }
+    }
 }
 
 // The key side as stored in a routing: [RH, n_kv] ids in [0, G).
@@ -73,6 +89,31 @@ bool reads(const GroupedRouting& r, const int32_t* slots, int32_t g) {
   for (int c = 0; c < r.kq; ++c)
     if (slots[c] == g) return true;
   return false;
+}
+
+// The keys of the blocks read by (row t, head h) in [lo_far, hi_far) that are not members of its
+// groups (those are listed already), passed to f in increasing position per block.
+template <class F>
+void block_extra_keys(const AttnShape& s, const GroupedRouting& r, const GroupedKeyIndex& idx, int64_t t, int64_t h,
+                      int64_t lo_far, int64_t hi_far, F&& f) {
+  static thread_local std::vector<char> mark;
+  const int32_t* gs = r.query_groups + (t * s.heads + h) * r.kq;
+  const int32_t* bs = r.query_blocks + (t * s.heads + h) * r.kb;
+  const int64_t rh = route_of(s, r, h);
+  for (int c = 0; c < r.kb; ++c) {
+    if (bs[c] < 0) continue;
+    const int64_t j0 = std::max<int64_t>(bs[c] * r.block_size, lo_far);
+    const int64_t j1 = std::min<int64_t>((bs[c] + 1) * r.block_size, hi_far);
+    if (j0 >= j1) continue;
+    mark.assign(j1 - j0, 0);
+    for (int g = 0; g < r.kq; ++g) {
+      if (gs[g] < 0) continue;
+      const auto& m = idx.group(rh, gs[g]);
+      for (auto x = std::lower_bound(m.begin(), m.end(), (int32_t)j0); x != m.end() && *x < j1; ++x) mark[*x - j0] = 1;
+    }
+    for (int64_t j = j0; j < j1; ++j)
+      if (!mark[j - j0]) f(j);
+  }
 }
 
 
@@ -342,6 +383,7 @@ void row_keys(const AttnShape& s, const GroupedRouting& r, const GroupedKeyIndex
       const auto a = std::lower_bound(m.begin(), m.end(), (int32_t)s.sinks);
       keys.insert(keys.end(), a, std::lower_bound(a, m.end(), (int32_t)lo));
     }
+    if (r.kb > 0) block_extra_keys(s, r, idx, t, h, s.sinks, lo, [&](int64_t j) { keys.push_back((int32_t)j); });
   }
   for (int64_t j = lo; j <= p; ++j) keys.push_back((int32_t)j);
 }
@@ -402,6 +444,11 @@ void gathered_decode(const float* q, const E* k, const E* v, float* o, float* ls
         const int32_t* g0 = r.query_groups + (t * s.heads + h0) * r.kq;
         const int32_t* g1 = r.query_groups + (t * s.heads + h0 + hh) * r.kq;
         same = route_of(s, r, h0 + hh) == route_of(s, r, h0) && std::equal(g0, g0 + r.kq, g1);
+        if (same && r.kb > 0) {
+          const int32_t* b0 = r.query_blocks + (t * s.heads + h0) * r.kb;
+          const int32_t* b1 = r.query_blocks + (t * s.heads + h0 + hh) * r.kb;
+          same = std::equal(b0, b0 + r.kb, b1);
+        }
       }
       if (same)
         units.push_back({t, h0, hpk});
@@ -538,11 +585,17 @@ void grouped_attention_reference(const float* q, const float* k, const float* v,
     for (int64_t h = 0; h < s.heads; ++h) {
       const int32_t* slots = r.query_groups + (t * s.heads + h) * r.kq;
       const int32_t* kg = r.key_group + route_of(s, r, h) * s.n_kv;
+      const int32_t* bs = r.kb > 0 ? r.query_blocks + (t * s.heads + h) * r.kb : nullptr;
+      auto in_block = [&](int64_t j) {
+        for (int c = 0; c < r.kb; ++c)
+          if (bs[c] >= 0 && bs[c] == j / r.block_size) return true;
+        return false;
+      };
       const float* qr = q + t * s.q_stride + h * hd;
       const int64_t kvh = h / hpk;
       double mx = -INFINITY;
       for (int64_t j = 0; j <= p; ++j) {
-        const bool vis = p - j < s.local_window || j < s.sinks || reads(r, slots, kg[j]);
+        const bool vis = p - j < s.local_window || j < s.sinks || reads(r, slots, kg[j]) || in_block(j);
         sc[j] = -INFINITY;
         if (!vis) continue;
         const float* kr = k + j * s.kv_stride + kvh * hd;
@@ -577,7 +630,7 @@ void grouped_attention(const float* q, const float* k, const float* v, float* o,
   FOCUS_CHECK(idx.n_keys >= s.n_kv, "grouped attention: the key index holds ", idx.n_keys, " keys, ", s.n_kv,
               " needed");
   if (s.n_q == 0) return;
-  if (s.n_q * s.heads <= kFewPairs)
+  if (s.n_q * s.heads <= kFewPairs || r.kb > 0)
     gathered_attention(q, k, v, o, lse, s, r, idx, /*with_groups=*/true);
   else
     tiled_attention(q, k, v, o, lse, s, r, idx);
@@ -629,6 +682,7 @@ int64_t grouped_pair_count(const AttnShape& s, const GroupedRouting& r, const Gr
         const auto a = std::lower_bound(m.begin(), m.end(), (int32_t)S);
         total += std::lower_bound(a, m.end(), (int32_t)lo) - a;
       }
+      if (r.kb > 0) block_extra_keys(s, r, idx, t, h, S, lo, [&](int64_t) { total++; });
     }
   }
   return total;

@@ -29,11 +29,17 @@ struct GroupedRouting {
   int kq = 1;                             // group slots per (query row, query head)
   const int32_t* query_groups = nullptr;  // [n_q, heads, kq]: groups the row reads; -1 marks an unused
                                           // slot; the used ids of one slot list are distinct
+  // Optional positional blocks read besides the groups (the hybrid pattern): key j is in block
+  // j / block_size, and every (query row, query head) lists kb blocks it reads beyond its window.
+  int64_t block_size = 0;                 // B >= 1 when kb > 0
+  int kb = 0;                             // block slots per (query row, query head); 0: no blocks
+  const int32_t* query_blocks = nullptr;  // [n_q, heads, kb]: block ids, -1 unused, used ids distinct
 };
 
 // The pattern. Query row t has position p = s.q_pos0 + t; pair (t, j) is visible for head h iff
 // j <= p and (p - j < s.local_window or j < s.sinks or key_group[r(h)][j] is one of
-// query_groups[t][h][0 .. kq)). s.sliding_window must be 0 and s.local_window >= 1, so every row
+// query_groups[t][h][0 .. kq) or j / block_size is one of query_blocks[t][h][0 .. kb)). A key in both
+// a read group and a read block counts once. s.sliding_window must be 0 and s.local_window >= 1, so every row
 // sees itself. o = softmax of the scaled scores over the visible keys, times v; lse[h, t] = the
 // natural log-sum-exp of the visible scaled scores. GQA: query head h reads kv head
 // h / (heads / kv_heads).
@@ -74,7 +80,8 @@ void grouped_attention_reference(const float* q, const float* k, const float* v,
 
 // The fast exact kernel, for any q_pos0 (prefill, chunked prefill, decoding). idx must index at
 // least the n_kv keys under routing.key_group (same G and RH); routing.key_group itself is not
-// read. More than 64 (row, head) pairs run in tiles: the window and sinks part
+// read. With blocks (kb > 0) every (row, head) gathers its visible keys as decoding does.
+// Otherwise more than 64 (row, head) pairs run in tiles: the window and sinks part
 // (focus_window_attention for self-attention, q_pos0 == 0 and n_q == n_kv; else each row's short
 // list gathered), then, per kv head, the rows reading each group against that group's keys beyond
 // the window packed into key tiles, one partial state per (row, head, slot), merged into the

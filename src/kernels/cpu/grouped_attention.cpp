@@ -523,6 +523,50 @@ void gathered_attention(const float* q, const float* k, const float* v, float* o
   }
 }
 
+// The hybrid pattern over many rows: the window, sinks and groups in tiles, then each (row, head)
+// gathers the keys of its blocks that are not in its groups, and their partial states are merged
+// into the tiled result (the two key sets are disjoint, so the union is exact).
+void hybrid_attention(const float* q, const float* k, const float* v, float* o, float* lse, const AttnShape& s,
+                      const GroupedRouting& r, const GroupedKeyIndex& idx) {
+  const int64_t n = s.n_q, hd = s.head_dim, hpk = s.heads / s.kv_heads, part = hd + 2;
+  GroupedRouting groups = r;
+  groups.kb = 0;
+  groups.query_blocks = nullptr;
+  std::vector<float> own;
+  float* L = lse;
+  if (!L) {
+    own.resize(s.heads * n);
+    L = own.data();
+  }
+  tiled_attention(q, k, v, o, L, s, groups, idx);
+#pragma omp parallel
+  {
+    std::vector<int32_t> keys;
+    std::vector<float> sc(kSlice), parts;
+#pragma omp for schedule(dynamic, 4)
+    for (int64_t x = 0; x < n * s.heads; ++x) {
+      const int64_t t = x / s.heads, h = x % s.heads;
+      const int64_t lo = std::max<int64_t>(0, s.q_pos0 + t - s.local_window + 1);
+      if (lo <= s.sinks) continue;
+      keys.clear();
+      block_extra_keys(s, r, idx, t, h, s.sinks, lo, [&](int64_t j) { keys.push_back((int32_t)j); });
+      if (keys.empty()) continue;
+      const int64_t slices = ((int64_t)keys.size() + kSlice - 1) / kSlice;
+      parts.resize(slices * part);
+      for (int64_t c = 0; c < slices; ++c)
+        slice_partial(q + t * s.q_stride + h * hd, k, v, s, h / hpk, keys.data() + c * kSlice,
+                      std::min<int64_t>(kSlice, (int64_t)keys.size() - c * kSlice), sc.data(), parts.data() + c * part);
+      float* orow = o + t * s.o_stride + h * hd;
+      const float l0 = L[h * n + t];
+      L[h * n + t] = merge_partials(slices + 1, hd, orow, [&](int64_t c) {
+        if (c == 0) return Partial{l0, 1.f, orow};
+        const float* pr = parts.data() + (c - 1) * part;
+        return Partial{pr[0], pr[1], pr + 2};
+      });
+    }
+  }
+}
+
 }  // namespace
 
 // ---------------------------------------------------------------------------------------------
@@ -630,8 +674,10 @@ void grouped_attention(const float* q, const float* k, const float* v, float* o,
   FOCUS_CHECK(idx.n_keys >= s.n_kv, "grouped attention: the key index holds ", idx.n_keys, " keys, ", s.n_kv,
               " needed");
   if (s.n_q == 0) return;
-  if (s.n_q * s.heads <= kFewPairs || r.kb > 0)
+  if (s.n_q * s.heads <= kFewPairs)
     gathered_attention(q, k, v, o, lse, s, r, idx, /*with_groups=*/true);
+  else if (r.kb > 0)
+    hybrid_attention(q, k, v, o, lse, s, r, idx);
   else
     tiled_attention(q, k, v, o, lse, s, r, idx);
 }

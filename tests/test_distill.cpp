@@ -228,6 +228,18 @@ TEST(AsymmetricRouting, HybridBlocksDecodeLikePrefillAndAreCausal) {
   EXPECT_LT(max_abs_diff(h, full), 1e-5);
   const std::vector<int32_t> prefix(ids.begin(), ids.begin() + 41);
   EXPECT_LT(max_abs_diff(hidden_of(*m, prefix, &plan), full, 0, 41 * D), 1e-5);
+  // A 16-bit cache: decoding reads the cached elements (block bounds included) as one call over
+  // the same cache does.
+  KVCache h16, d16;
+  h16.init(m->cfg, n, cpu::KvType::F16);
+  d16.init(m->cfg, n, cpu::KvType::F16);
+  std::vector<float> one16(n * D), dec16(n * D);
+  forward(*m, ids.data(), n, h16, one16.data(), &plan);
+  forward(*m, ids.data(), 30, d16, dec16.data(), &plan);
+  d16.truncate(22);
+  for (int64_t i = 22; i < n; ++i) forward(*m, ids.data() + i, 1, d16, dec16.data() + i * D, &plan);
+  EXPECT_LT(max_abs_diff(dec16, one16), 1e-5);
+  EXPECT_GT(max_abs_diff(one16, full), 0.0);  // the cache's rounding reached the outputs
 
   FocusRouters all = f;
   all.settings.blocks = 100;

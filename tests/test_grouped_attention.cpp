@@ -37,6 +37,8 @@ struct Case {
   uint32_t seed = 1;
   int kb = 0;             // positional block slots per (row, head) (the hybrid pattern); 0: none
   int64_t block = 16;     // keys per block
+  bool shared_groups = false;  // the query heads of a routing head read the same groups (one router
+                               // per layer or per kv head), so decoding computes them as one unit
 };
 
 struct Problem {
@@ -77,6 +79,13 @@ void make(Problem& P, const Case& c) {
     for (int slot = 0; slot < c.kq; ++slot)
       if (u(rng) >= c.unused) P.query_groups[x * c.kq + slot] = perm[slot];
   }
+  if (c.shared_groups)
+    for (int64_t t = 0; t < c.n; ++t)
+      for (int64_t h = 0; h < c.heads; ++h) {
+        const int64_t h0 = h / (c.heads / c.RH) * (c.heads / c.RH);
+        std::copy_n(P.query_groups.data() + (t * c.heads + h0) * c.kq, c.kq,
+                    P.query_groups.data() + (t * c.heads + h) * c.kq);
+      }
   P.r = GroupedRouting{c.G, c.RH, P.key_group.data(), c.kq, P.query_groups.data()};
   if (c.kb > 0) {
     // Any blocks of the sequence, distinct per (row, head): those in the window, at the sinks or
@@ -417,6 +426,7 @@ TEST(GroupedAttention, HybridBlocksMatchReference) {
         c.kb = kb;
         c.block = block;
         c.hd = i % 4 == 3 ? 40 : 64;
+        c.shared_groups = i % 4 < 2;  // decoding: a unit per kv head, the heads' own blocks hidden from the others
         c.seed = 900 + i++;
         Problem P;
         make(P, c);

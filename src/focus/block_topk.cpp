@@ -126,7 +126,7 @@ int block_topk_select(const AttentionCall& a, const BlockTopKState& st, const Bl
   return (int)kq;
 }
 
-void BlockTopKState::append(const float* k, int64_t kv_stride, int64_t n) {
+void BlockTopKState::append(cpu::KvView k, int64_t kv_stride, int64_t n) {
   const int64_t n0 = len(), B = block, kvd = kv_heads * head_dim;
   if (n <= n0) return;
   // The kernel's key groups and their index, grown (not rebuilt) when the keys reach a new block.
@@ -146,13 +146,17 @@ void BlockTopKState::append(const float* k, int64_t kv_stride, int64_t n) {
   for (int64_t b = b0; b < b1; ++b) {
     float* mn = kmin.data() + b * kvd;
     float* mx = kmax.data() + b * kvd;
-    for (int64_t j = b * B; j < (b + 1) * B; ++j) {
-      const float* kr = k + j * kv_stride;
-      for (int64_t d = 0; d < kvd; ++d) {
-        mn[d] = std::min(mn[d], kr[d]);
-        mx[d] = std::max(mx[d], kr[d]);
+    cpu::with_kv_type(k.type, [&](auto tag) {
+      using E = decltype(tag);
+      for (int64_t j = b * B; j < (b + 1) * B; ++j) {
+        const E* kr = k.as<E>() + j * kv_stride;
+        for (int64_t d = 0; d < kvd; ++d) {
+          const float x = cpu::kv_load(kr + d);
+          mn[d] = std::min(mn[d], x);
+          mx[d] = std::max(mx[d], x);
+        }
       }
-    }
+    });
   }
 }
 

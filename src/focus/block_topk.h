@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "kernels/cpu/grouped_attention.h"
+#include "kernels/cpu/kv_types.h"
 #include "model/attention.h"
 
 namespace focus {
@@ -46,8 +47,9 @@ struct BlockTopKState final : AttentionState {
 
   int64_t len() const { return (int64_t)key_group.size(); }
   int64_t complete_blocks() const { return (int64_t)kmin.size() / (kv_heads * head_dim); }
-  // Takes in keys len() .. n-1 of k ([n, kv_heads * head_dim] rows kv_stride apart).
-  void append(const float* k, int64_t kv_stride, int64_t n);
+  // Takes in keys len() .. n-1 of k ([n, kv_heads * head_dim] rows kv_stride elements apart, floats
+  // or a KV cache's elements: a block's bounds are made when its last key arrives, from all of its keys).
+  void append(cpu::KvView k, int64_t kv_stride, int64_t n);
   void truncate(int64_t n) override;
 };
 

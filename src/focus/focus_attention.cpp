@@ -252,8 +252,7 @@ class AsymmetricFocusAttention final : public AttentionPolicy {
                             std::vector<float>* grads = nullptr, int64_t first_router = 0, RouterAuxHook hook = nullptr)
       : fs_(fs), rp_(rp), rh_(route_heads), grads_(grads), first_(first_router), hook_(std::move(hook)) {}
   std::string name() const override { return fs_.blocks > 0 ? "focus-hybrid" : "focus-asymmetric"; }
-  // The hybrid pattern's block bounds are made from float keys.
-  bool reads_cache_views() const override { return fs_.blocks == 0; }
+  bool reads_cache_views() const override { return true; }
   bool trains_parameters() const override { return grads_ != nullptr; }
 
   // Training through the pattern inference uses (retrofit --objective sparse): keys in their
@@ -346,7 +345,8 @@ class AsymmetricFocusAttention final : public AttentionPolicy {
                     (!ks->blocks || (ks->blocks->len() == a.pos0 && ks->blocks->block == fs_.block_size)),
                 "forward: the KV cache of layer ", a.layer,
                 " was filled by another attention policy or holds another length");
-    if (ks->blocks) ks->blocks->append(a.k, a.cfg->kv_dim(), a.pos0 + a.T);
+    if (ks->blocks) ks->blocks->append(a.pos0 > 0 ? cache_or_floats(a.cache_k, a.k) : cpu::KvView(a.k), a.cfg->kv_dim(),
+                                       a.pos0 + a.T);
     // Keys: the best group with room, room = key_capacity times the mean load of the keys so far
     // (a key's group depends on the keys before it only: causal).
     std::vector<int32_t> kg(RH * T);  // [RH, T]

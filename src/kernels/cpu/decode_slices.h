@@ -49,18 +49,22 @@ inline float dot(const float* a, const E* b, int64_t d) {
 // Any head_dim: one dot product per (key, head), the exponentials one by one.
 template <class E>
 void slice_generic(const float* q, int64_t nh, const E* k, const E* v, int64_t kv_stride, const int32_t* idx,
-                   const float* bias, int64_t len, int64_t D, float scale, float* sc, float* parts, int64_t part) {
+                   const float* bias, int64_t bias_hs, int64_t len, int64_t D, float scale, float* sc, float* parts,
+                   int64_t part) {
   for (int64_t m = 0; m < len; ++m) {
     if (m + kAhead < len) prefetch_row(k + (int64_t)idx[m + kAhead] * kv_stride, D);
     const E* kr = k + (int64_t)idx[m] * kv_stride;
-    const float b = bias ? bias[m] : 0.f;
-    for (int64_t hh = 0; hh < nh; ++hh) sc[hh * kSlice + m] = dot(q + hh * D, kr, D) * scale + b;
+    for (int64_t hh = 0; hh < nh; ++hh)
+      sc[hh * kSlice + m] = dot(q + hh * D, kr, D) * scale + (bias ? bias[hh * bias_hs + m] : 0.f);
   }
   for (int64_t hh = 0; hh < nh; ++hh) {
     float* w = sc + hh * kSlice;
     float mx = -std::numeric_limits<float>::infinity(), sum = 0.f;
     for (int64_t m = 0; m < len; ++m) mx = std::max(mx, w[m]);
-    for (int64_t m = 0; m < len; ++m) sum += (w[m] = std::exp(w[m] - mx));
+    if (mx == -std::numeric_limits<float>::infinity())
+      std::fill(w, w + len, 0.f);  // every key hidden from this head
+    else
+      for (int64_t m = 0; m < len; ++m) sum += (w[m] = std::exp(w[m] - mx));
     float* pr = parts + hh * part;
     pr[0] = mx;
     pr[1] = sum;
@@ -88,7 +92,7 @@ void slice_generic(const float* q, int64_t nh, const E* k, const E* v, int64_t k
 // register accumulators, up to four heads and a few vectors of the row per pass.
 template <class E, int NV>
 void slice_vec(const float* q, int64_t nh, const E* k, const E* v, int64_t kv_stride, const int32_t* idx,
-               const float* bias, int64_t len, float scale, float* sc, float* parts, int64_t part) {
+               const float* bias, int64_t bias_hs, int64_t len, float scale, float* sc, float* parts, int64_t part) {
   constexpr int64_t D = NV * kV;
   const int64_t lv = round_up(len);
   for (int64_t m = 0; m < len; ++m) {
@@ -96,12 +100,11 @@ void slice_vec(const float* q, int64_t nh, const E* k, const E* v, int64_t kv_st
     const E* kr = k + (int64_t)idx[m] * kv_stride;
     vf kr_v[NV];
     for (int x = 0; x < NV; ++x) kr_v[x] = kv_load_vec(kr + x * kV);
-    const float b = bias ? bias[m] : 0.f;
     for (int64_t hh = 0; hh < nh; ++hh) {
       const float* qr = q + hh * D;
       vf acc = load(qr) * kr_v[0];
       for (int x = 1; x < NV; ++x) acc = vfma(load(qr + x * kV), kr_v[x], acc);
-      sc[hh * kSlice + m] = hsum(acc) * scale + b;
+      sc[hh * kSlice + m] = hsum(acc) * scale + (bias ? bias[hh * bias_hs + m] : 0.f);
     }
   }
   const float ninf = -std::numeric_limits<float>::infinity();
@@ -153,23 +156,25 @@ void slice_vec(const float* q, int64_t nh, const E* k, const E* v, int64_t kv_st
 // Partial states (tiles::Partial layout: m, l, then D unnormalised output floats) of nh query
 // heads, rows q + hh * D, over the keys idx[0 .. len) (1 <= len <= kSlice): key j of the kv head
 // is k + j * kv_stride (k and v already offset to the kv head), scores scale * q.k + bias[m]
-// (bias may be null). Head hh's state goes to parts + hh * part. sc holds nh * kSlice floats.
+// (bias may be null; head hh reads bias[hh * bias_hs + m], so bias_hs = 0 shares one bias row
+// between the heads, and a bias of -inf hides a key from one head). Head hh's state goes to
+// parts + hh * part (m = -inf, l = 0 when every key is hidden from it). sc holds nh * kSlice floats.
 template <class E>
 void heads_slice_partials(const float* q, int64_t nh, const E* k, const E* v, int64_t kv_stride,
                           const int32_t* idx, const float* bias, int64_t len, int64_t D, float scale, float* sc,
-                          float* parts, int64_t part) {
+                          float* parts, int64_t part, int64_t bias_hs = 0) {
   const int64_t nv = D % simd::kV == 0 ? D / simd::kV : 0;
   bool done = false;
   auto vec = [&]<int NV>() {
     if (done || nv != NV) return;
-    decode_detail::slice_vec<E, NV>(q, nh, k, v, kv_stride, idx, bias, len, scale, sc, parts, part);
+    decode_detail::slice_vec<E, NV>(q, nh, k, v, kv_stride, idx, bias, bias_hs, len, scale, sc, parts, part);
     done = true;
   };
   // The head sizes of real models (32 .. 256 dimensions).
   vec.template operator()<2>(), vec.template operator()<4>(), vec.template operator()<5>();
   vec.template operator()<6>(), vec.template operator()<8>(), vec.template operator()<16>();
   if constexpr (simd::kV < 16) vec.template operator()<32>();
-  if (!done) decode_detail::slice_generic(q, nh, k, v, kv_stride, idx, bias, len, D, scale, sc, parts, part);
+  if (!done) decode_detail::slice_generic(q, nh, k, v, kv_stride, idx, bias, bias_hs, len, D, scale, sc, parts, part);
 }
 
 }  // namespace focus::cpu

@@ -424,10 +424,12 @@ float merge_slices(const float* parts, int64_t slices, int64_t hd, float* out) {
 }
 
 // Few (row, head) pairs (decoding), keys and values of element type E: the query heads of a kv
-// head that read the same keys (the same routing head and group slots: always so with one
+// head that read the same groups (the same routing head and group slots: always so with one
 // router per layer or per kv head) form one unit, computed together so that each key and value
-// row is loaded once for them; otherwise each (row, head) is its own unit. Every (unit, slice) is
-// a task, so one long row fills the threads; the slices are merged in order per head.
+// row is loaded once for them; otherwise each (row, head) is its own unit. With blocks, a unit's
+// keys are its groups' plus the union of its heads' block keys, each hidden (a bias of -inf) from
+// the heads that do not read it. Every (unit, slice) is a task, so one long row fills the threads;
+// the slices are merged in order per head.
 template <class E>
 void gathered_decode(const float* q, const E* k, const E* v, float* o, float* lse, const AttnShape& s,
                      const GroupedRouting& r, const GroupedKeyIndex& idx, bool with_groups) {
@@ -444,11 +446,6 @@ void gathered_decode(const float* q, const E* k, const E* v, float* o, float* ls
         const int32_t* g0 = r.query_groups + (t * s.heads + h0) * r.kq;
         const int32_t* g1 = r.query_groups + (t * s.heads + h0 + hh) * r.kq;
         same = route_of(s, r, h0 + hh) == route_of(s, r, h0) && std::equal(g0, g0 + r.kq, g1);
-        if (same && r.kb > 0) {
-          const int32_t* b0 = r.query_blocks + (t * s.heads + h0) * r.kb;
-          const int32_t* b1 = r.query_blocks + (t * s.heads + h0 + hh) * r.kb;
-          same = std::equal(b0, b0 + r.kb, b1);
-        }
       }
       if (same)
         units.push_back({t, h0, hpk});
@@ -457,9 +454,41 @@ void gathered_decode(const float* q, const E* k, const E* v, float* o, float* ls
     }
   const int64_t U = (int64_t)units.size();
   std::vector<std::vector<int32_t>> keys(U);
+  std::vector<std::vector<float>> bias(U);  // [slices, nh, kSlice] when the unit's heads read different blocks
   std::vector<int64_t> first(U + 1, 0), part_off(U + 1, 0);
+  GroupedRouting groups_only = r;
+  groups_only.kb = 0;
+  std::vector<std::pair<int32_t, int32_t>> extra;  // (key, head in unit)
   for (int64_t u = 0; u < U; ++u) {
-    row_keys(s, r, idx, units[u].t, units[u].h0, with_groups, keys[u]);
+    const Unit& un = units[u];
+    if (r.kb == 0 || !with_groups || un.nh == 1) {
+      row_keys(s, r, idx, un.t, un.h0, with_groups, keys[u]);
+    } else {
+      row_keys(s, groups_only, idx, un.t, un.h0, with_groups, keys[u]);
+      const int64_t lo = std::max<int64_t>(0, s.q_pos0 + un.t - s.local_window + 1);
+      extra.clear();
+      if (lo > s.sinks)
+        for (int64_t hh = 0; hh < un.nh; ++hh)
+          block_extra_keys(s, r, idx, un.t, un.h0 + hh, s.sinks, lo,
+                           [&](int64_t j) { extra.push_back({(int32_t)j, (int32_t)hh}); });
+      std::sort(extra.begin(), extra.end());
+      const int64_t base = (int64_t)keys[u].size();
+      for (size_t i = 0; i < extra.size(); ++i)
+        if (i == 0 || extra[i].first != extra[i - 1].first) keys[u].push_back(extra[i].first);
+      const int64_t n_keys = (int64_t)keys[u].size(), slices = (n_keys + kSlice - 1) / kSlice;
+      if (n_keys > base) {
+        auto& b = bias[u];
+        b.assign(slices * un.nh * kSlice, -std::numeric_limits<float>::infinity());
+        auto at = [&](int64_t m, int64_t hh) -> float& { return b[((m / kSlice) * un.nh + hh) * kSlice + m % kSlice]; };
+        for (int64_t m = 0; m < base; ++m)
+          for (int64_t hh = 0; hh < un.nh; ++hh) at(m, hh) = 0.f;
+        int64_t m = base - 1;
+        for (size_t i = 0; i < extra.size(); ++i) {
+          if (i == 0 || extra[i].first != extra[i - 1].first) ++m;
+          at(m, extra[i].second) = 0.f;
+        }
+      }
+    }
     const int64_t slices = ((int64_t)keys[u].size() + kSlice - 1) / kSlice;
     first[u + 1] = first[u] + slices;
     part_off[u + 1] = part_off[u] + slices * units[u].nh * part;
@@ -475,9 +504,10 @@ void gathered_decode(const float* q, const E* k, const E* v, float* o, float* ls
       const Unit& un = units[u];
       const int64_t c = task - first[u], m0 = c * kSlice;
       const int64_t len = std::min<int64_t>(kSlice, (int64_t)keys[u].size() - m0), kvh = un.h0 / hpk;
+      const float* b = bias[u].empty() ? nullptr : bias[u].data() + c * un.nh * kSlice;
       heads_slice_partials(q + un.t * s.q_stride + un.h0 * hd, un.nh, k + kvh * hd, v + kvh * hd, s.kv_stride,
-                           keys[u].data() + m0, nullptr, len, hd, s.scale, sc.data(),
-                           parts.data() + part_off[u] + c * un.nh * part, part);
+                           keys[u].data() + m0, b, len, hd, s.scale, sc.data(),
+                           parts.data() + part_off[u] + c * un.nh * part, part, kSlice);
     }
   }
   for (int64_t u = 0; u < U; ++u) {

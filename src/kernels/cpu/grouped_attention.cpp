@@ -116,6 +116,49 @@ void block_extra_keys(const AttnShape& s, const GroupedRouting& r, const Grouped
   }
 }
 
+// Whether query heads h0 .. h0+nh-1 of row t read the same groups (one routing head, the same
+// slots), so that one pass over their keys serves them all.
+bool same_groups(const AttnShape& s, const GroupedRouting& r, int64_t t, int64_t h0, int64_t nh) {
+  const int32_t* g0 = r.query_groups + (t * s.heads + h0) * r.kq;
+  for (int64_t hh = 1; hh < nh; ++hh) {
+    const int32_t* g1 = r.query_groups + (t * s.heads + h0 + hh) * r.kq;
+    if (route_of(s, r, h0 + hh) != route_of(s, r, h0) || !std::equal(g0, g0 + r.kq, g1)) return false;
+  }
+  return true;
+}
+
+// Appends to keys the union of the block keys beyond the window of query heads h0 .. h0+nh-1 of
+// row t (which read the same groups) that are not in their groups. When some head does not read
+// all of them, bias becomes [slices][nh][kSlice] over the whole list: 0 where head hh reads key m
+// (every key before the appended ones), -inf elsewhere; otherwise bias is left empty.
+void add_unit_block_keys(const AttnShape& s, const GroupedRouting& r, const GroupedKeyIndex& idx, int64_t t,
+                         int64_t h0, int64_t nh, std::vector<int32_t>& keys, std::vector<float>& bias,
+                         std::vector<std::pair<int32_t, int32_t>>& extra) {
+  bias.clear();
+  const int64_t lo = std::max<int64_t>(0, s.q_pos0 + t - s.local_window + 1);
+  if (lo <= s.sinks) return;
+  extra.clear();
+  for (int64_t hh = 0; hh < nh; ++hh)
+    block_extra_keys(s, r, idx, t, h0 + hh, s.sinks, lo, [&](int64_t j) { extra.push_back({(int32_t)j, (int32_t)hh}); });
+  if (extra.empty()) return;
+  std::sort(extra.begin(), extra.end());
+  const int64_t base = (int64_t)keys.size();
+  for (size_t i = 0; i < extra.size(); ++i)
+    if (i == 0 || extra[i].first != extra[i - 1].first) keys.push_back(extra[i].first);
+  const int64_t n_keys = (int64_t)keys.size();
+  if ((int64_t)extra.size() == (n_keys - base) * nh) return;  // every head reads every key
+  const int64_t slices = (n_keys + kSlice - 1) / kSlice;
+  bias.assign(slices * nh * kSlice, -std::numeric_limits<float>::infinity());
+  auto at = [&](int64_t m, int64_t hh) -> float& { return bias[((m / kSlice) * nh + hh) * kSlice + m % kSlice]; };
+  for (int64_t m = 0; m < base; ++m)
+    for (int64_t hh = 0; hh < nh; ++hh) at(m, hh) = 0.f;
+  int64_t m = base - 1;
+  for (size_t i = 0; i < extra.size(); ++i) {
+    if (i == 0 || extra[i].first != extra[i - 1].first) ++m;
+    at(m, extra[i].second) = 0.f;
+  }
+}
+
 
 // ---------------------------------------------------------------------------------------------
 // Self-attention in tiles: the keys of one kv head beyond every row's window, in group order under
@@ -441,12 +484,7 @@ void gathered_decode(const float* q, const E* k, const E* v, float* o, float* ls
   for (int64_t t = 0; t < s.n_q; ++t)
     for (int64_t kvh = 0; kvh < s.kv_heads; ++kvh) {
       const int64_t h0 = kvh * hpk;
-      bool same = true;
-      for (int64_t hh = 1; with_groups && same && hh < hpk; ++hh) {
-        const int32_t* g0 = r.query_groups + (t * s.heads + h0) * r.kq;
-        const int32_t* g1 = r.query_groups + (t * s.heads + h0 + hh) * r.kq;
-        same = route_of(s, r, h0 + hh) == route_of(s, r, h0) && std::equal(g0, g0 + r.kq, g1);
-      }
+      const bool same = !with_groups || same_groups(s, r, t, h0, hpk);
       if (same)
         units.push_back({t, h0, hpk});
       else
@@ -465,29 +503,7 @@ void gathered_decode(const float* q, const E* k, const E* v, float* o, float* ls
       row_keys(s, r, idx, un.t, un.h0, with_groups, keys[u]);
     } else {
       row_keys(s, groups_only, idx, un.t, un.h0, with_groups, keys[u]);
-      const int64_t lo = std::max<int64_t>(0, s.q_pos0 + un.t - s.local_window + 1);
-      extra.clear();
-      if (lo > s.sinks)
-        for (int64_t hh = 0; hh < un.nh; ++hh)
-          block_extra_keys(s, r, idx, un.t, un.h0 + hh, s.sinks, lo,
-                           [&](int64_t j) { extra.push_back({(int32_t)j, (int32_t)hh}); });
-      std::sort(extra.begin(), extra.end());
-      const int64_t base = (int64_t)keys[u].size();
-      for (size_t i = 0; i < extra.size(); ++i)
-        if (i == 0 || extra[i].first != extra[i - 1].first) keys[u].push_back(extra[i].first);
-      const int64_t n_keys = (int64_t)keys[u].size(), slices = (n_keys + kSlice - 1) / kSlice;
-      if (n_keys > base) {
-        auto& b = bias[u];
-        b.assign(slices * un.nh * kSlice, -std::numeric_limits<float>::infinity());
-        auto at = [&](int64_t m, int64_t hh) -> float& { return b[((m / kSlice) * un.nh + hh) * kSlice + m % kSlice]; };
-        for (int64_t m = 0; m < base; ++m)
-          for (int64_t hh = 0; hh < un.nh; ++hh) at(m, hh) = 0.f;
-        int64_t m = base - 1;
-        for (size_t i = 0; i < extra.size(); ++i) {
-          if (i == 0 || extra[i].first != extra[i - 1].first) ++m;
-          at(m, extra[i].second) = 0.f;
-        }
-      }
+      add_unit_block_keys(s, r, idx, un.t, un.h0, un.nh, keys[u], bias[u], extra);
     }
     const int64_t slices = ((int64_t)keys[u].size() + kSlice - 1) / kSlice;
     first[u + 1] = first[u] + slices;
@@ -569,30 +585,41 @@ void hybrid_attention(const float* q, const float* k, const float* v, float* o, 
     L = own.data();
   }
   tiled_attention(q, k, v, o, L, s, groups, idx);
+  // The block keys: one unit per (row, kv head) when its query heads read the same groups (each
+  // key loaded once for them all, hidden from the heads that did not choose its block), else
+  // one per (row, head).
 #pragma omp parallel
   {
     std::vector<int32_t> keys;
-    std::vector<float> sc(kSlice), parts;
+    std::vector<float> sc(hpk * kSlice), parts, bias;
+    std::vector<std::pair<int32_t, int32_t>> extra;
 #pragma omp for schedule(dynamic, 4)
-    for (int64_t x = 0; x < n * s.heads; ++x) {
-      const int64_t t = x / s.heads, h = x % s.heads;
-      const int64_t lo = std::max<int64_t>(0, s.q_pos0 + t - s.local_window + 1);
-      if (lo <= s.sinks) continue;
-      keys.clear();
-      block_extra_keys(s, r, idx, t, h, s.sinks, lo, [&](int64_t j) { keys.push_back((int32_t)j); });
-      if (keys.empty()) continue;
-      const int64_t slices = ((int64_t)keys.size() + kSlice - 1) / kSlice;
-      parts.resize(slices * part);
-      for (int64_t c = 0; c < slices; ++c)
-        slice_partial(q + t * s.q_stride + h * hd, k, v, s, h / hpk, keys.data() + c * kSlice,
-                      std::min<int64_t>(kSlice, (int64_t)keys.size() - c * kSlice), sc.data(), parts.data() + c * part);
-      float* orow = o + t * s.o_stride + h * hd;
-      const float l0 = L[h * n + t];
-      L[h * n + t] = merge_partials(slices + 1, hd, orow, [&](int64_t c) {
-        if (c == 0) return Partial{l0, 1.f, orow};
-        const float* pr = parts.data() + (c - 1) * part;
-        return Partial{pr[0], pr[1], pr + 2};
-      });
+    for (int64_t x = 0; x < n * s.kv_heads; ++x) {
+      const int64_t t = x / s.kv_heads, kvh = x % s.kv_heads;
+      const bool shared = same_groups(s, r, t, kvh * hpk, hpk);
+      for (int64_t h0 = kvh * hpk; h0 < (kvh + 1) * hpk; h0 += shared ? hpk : 1) {
+        const int64_t nh = shared ? hpk : 1;
+        keys.clear();
+        add_unit_block_keys(s, r, idx, t, h0, nh, keys, bias, extra);
+        if (keys.empty()) continue;
+        const int64_t slices = ((int64_t)keys.size() + kSlice - 1) / kSlice;
+        parts.resize(slices * nh * part);
+        for (int64_t c = 0; c < slices; ++c)
+          heads_slice_partials(q + t * s.q_stride + h0 * hd, nh, k + kvh * hd, v + kvh * hd, s.kv_stride,
+                               keys.data() + c * kSlice, bias.empty() ? nullptr : bias.data() + c * nh * kSlice,
+                               std::min<int64_t>(kSlice, (int64_t)keys.size() - c * kSlice), hd, s.scale, sc.data(),
+                               parts.data() + c * nh * part, part, kSlice);
+        for (int64_t hh = 0; hh < nh; ++hh) {
+          const int64_t h = h0 + hh;
+          float* orow = o + t * s.o_stride + h * hd;
+          const float l0 = L[h * n + t];
+          L[h * n + t] = merge_partials(slices + 1, hd, orow, [&](int64_t c) {
+            if (c == 0) return Partial{l0, 1.f, orow};
+            const float* pr = parts.data() + ((c - 1) * nh + hh) * part;
+            return Partial{pr[0], pr[1], pr + 2};
+          });
+        }
+      }
     }
   }
 }

@@ -197,7 +197,7 @@ def aggregate(recs):
 
 
 def plot(ctx, rows, path, xkey, xlabel, plt):
-    fig, ax = plt.subplots(figsize=(7, 4.8))
+    fig, ax = plt.subplots(figsize=(10, 6.5))
     dense = next((r for r in rows if r["method"] == "dense"), None)
     methods = []
     for r in rows:
@@ -205,10 +205,12 @@ def plot(ctx, rows, path, xkey, xlabel, plt):
             methods.append(r["method"])
     for i, m in enumerate(methods):
         pts = sorted((r for r in rows if r["method"] == m), key=lambda r: r["density"])  # curve order
-        ax.plot([r[xkey] for r in pts], [r["ppl"] for r in pts], marker="o", label=m)
+        # A colour and a marker of its own per method (tab20 has 20 colours; markers cycle by 7).
+        ax.plot([r[xkey] for r in pts], [r["ppl"] for r in pts], marker="os^Dv<>"[i % 7], markersize=4,
+                color=plt.get_cmap("tab20")(i % 20), label=m)
         for r in pts:  # labels above the points of every other method, below the rest
             ax.annotate(r["label"], (r[xkey], r["ppl"]), textcoords="offset points",
-                        xytext=(4, 4 if i % 2 == 0 else -11), fontsize=7)
+                        xytext=(4, 4 if i % 2 == 0 else -11), fontsize=6)
     if dense:
         ax.axhline(dense["ppl"], color="black", linestyle="--", linewidth=1)
         ax.plot([dense[xkey]], [dense["ppl"]], marker="s", color="black", linestyle="none",

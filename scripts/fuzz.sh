@@ -47,7 +47,7 @@ fi
 # quicker to compile than -O2 with full debug information)
 if [ "${FOCUS_FUZZ_BUILD:-1}" != 0 ]; then
   cmake -S "$ROOT" -B "$BUILD" -DFOCUS_FUZZ=ON -DFOCUS_TESTS=OFF -DFOCUS_BENCH=OFF -DCMAKE_BUILD_TYPE=None \
-    -DCMAKE_C_FLAGS="-O1 -gline-tables-only" -DCMAKE_CXX_FLAGS="-O1 -gline-tables-only" \
+    -DCMAKE_C_FLAGS="-O1" -DCMAKE_CXX_FLAGS="-O1" \
     -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ >/dev/null
   cmake --build "$BUILD" --target fuzz_all -j "${FOCUS_FUZZ_JOBS:-$(nproc)}" >/dev/null
 fi

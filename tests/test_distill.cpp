@@ -176,13 +176,7 @@ TEST(AsymmetricRouting, SparseDecodesLikePrefillAndIsCausal) {
       }
     }
 
-    KVCache c;
-    c.init(m->cfg, n);
-    std::vector<float> h(n * D);
-    forward(*m, ids.data(), 30, c, h.data(), &plan);
-    c.truncate(20);
-    for (int64_t i = 20; i < n; ++i) forward(*m, ids.data() + i, 1, c, h.data() + i * D, &plan);
-    EXPECT_LT(max_abs_diff(h, full), 1e-5);
+    EXPECT_LT(max_abs_diff(test::hidden_decoded(*m, ids, &plan, 30, 20), full), 1e-5);
 
     const std::vector<int32_t> prefix(ids.begin(), ids.begin() + 40);
     EXPECT_LT(max_abs_diff(hidden_of(*m, prefix, &plan), full, 0, 40 * D), 1e-5);
@@ -219,26 +213,13 @@ TEST(AsymmetricRouting, HybridBlocksDecodeLikePrefillAndAreCausal) {
   EXPECT_EQ(focus_plan(m->cfg, f).at(0).name(), "focus-hybrid");
 
   const AttentionPlan plan = focus_plan(m->cfg, f);
-  KVCache c;
-  c.init(m->cfg, n);
-  std::vector<float> h(n * D);
-  forward(*m, ids.data(), 30, c, h.data(), &plan);
-  c.truncate(22);
-  for (int64_t i = 22; i < n; ++i) forward(*m, ids.data() + i, 1, c, h.data() + i * D, &plan);
-  EXPECT_LT(max_abs_diff(h, full), 1e-5);
+  EXPECT_LT(max_abs_diff(test::hidden_decoded(*m, ids, &plan, 30, 22), full), 1e-5);
   const std::vector<int32_t> prefix(ids.begin(), ids.begin() + 41);
   EXPECT_LT(max_abs_diff(hidden_of(*m, prefix, &plan), full, 0, 41 * D), 1e-5);
   // A 16-bit cache: decoding reads the cached elements (block bounds included) as one call over
   // the same cache does.
-  KVCache h16, d16;
-  h16.init(m->cfg, n, cpu::KvType::F16);
-  d16.init(m->cfg, n, cpu::KvType::F16);
-  std::vector<float> one16(n * D), dec16(n * D);
-  forward(*m, ids.data(), n, h16, one16.data(), &plan);
-  forward(*m, ids.data(), 30, d16, dec16.data(), &plan);
-  d16.truncate(22);
-  for (int64_t i = 22; i < n; ++i) forward(*m, ids.data() + i, 1, d16, dec16.data() + i * D, &plan);
-  EXPECT_LT(max_abs_diff(dec16, one16), 1e-5);
+  const auto one16 = test::hidden_decoded(*m, ids, &plan, n, n, cpu::KvType::F16);
+  EXPECT_LT(max_abs_diff(test::hidden_decoded(*m, ids, &plan, 30, 22, cpu::KvType::F16), one16), 1e-5);
   EXPECT_GT(max_abs_diff(one16, full), 0.0);  // the cache's rounding reached the outputs
 
   FocusRouters all = f;

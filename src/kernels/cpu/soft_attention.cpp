@@ -155,6 +155,10 @@ struct TileInfo {
   bool biased;      // some pair carries the bias
   bool all_biased;  // every pair carries the bias
   bool add() const { return mask || biased; }  // the scores need the additive tile
+  // Additive tiles a tile needs (one per router when biased, else one mask tile shared by all),
+  // and which of them router r reads.
+  int64_t add_tiles(int64_t routers) const { return biased ? routers : 1; }
+  int64_t add_tile_of(int64_t router) const { return biased ? router : 0; }
 };
 
 TileInfo classify(const AttnShape& s, bool has_p, int64_t t0, int nr, int64_t j0, int cols) {
@@ -288,7 +292,7 @@ void soft_attention_forward(const float* q, const float* k, const float* v, cons
         const int cols = tile_len(d.n, kb);
         const TileInfo info = classify(s, has_p, t0, nr, j0, cols);
         // A tile without bias is the mask alone, the same for every router: made once.
-        const int64_t tiles_made = info.biased ? d.RH : 1;
+        const int64_t tiles_made = info.add_tiles(d.RH);
         if (info.add())
           for (int64_t r = 0; r < tiles_made; ++r)
             build_tile(s, d, has_p ? pm.q(r) : nullptr, has_p ? pm.t(r) : nullptr, t0, nr, j0, cols, info,
@@ -302,7 +306,7 @@ void soft_attention_forward(const float* q, const float* k, const float* v, cons
         for (int64_t kvh = 0; kvh < d.KVH; ++kvh) {
           const float* kt = ktp.data() + (kb * d.KVH + kvh) * hdp * kB;
           const float* vt = vp.data() + (kb * kB * d.KVH + kvh * cols) * hdp;
-          const float* at = add[info.biased ? d.router_of(kvh) : 0].data();
+          const float* at = add[info.add_tile_of(d.router_of(kvh))].data();
           for (int64_t h = kvh * d.gs; h < (kvh + 1) * d.gs; ++h) {
             if (info.add())
               qts[h].visit<tiles::ExpMode::FastWhenFull, true>(kt, vt, hdp, 0, nr, spans, nullptr, at);
@@ -397,7 +401,7 @@ void soft_attention_backward(const float* q, const float* k, const float* v, con
           const TileInfo info = classify(s, has_p, t0, nr, j0, cols);
           const bool grad_bias = want_dp && info.biased;
           if (info.add())
-            for (int64_t r = 0; r < (info.biased ? RH : 1); ++r)  // mask-only tiles: once
+            for (int64_t r = 0; r < info.add_tiles(RH); ++r)  // mask-only tiles: once
               build_tile(s, d, has_p ? pm.q(r) : nullptr, has_p ? pm.t(r) : nullptr, t0, nr, j0, cols, info,
                          add.data() + r * T2, grad_bias ? inv.data() + r * T2 : nullptr);
           if (grad_bias) std::fill(db.begin(), db.end(), 0.f);
@@ -411,7 +415,7 @@ void soft_attention_backward(const float* q, const float* k, const float* v, con
             const float* krows = kp.data() + (kb * kB * d.KVH + kvh * cols) * hdp;
             float* P = st.data();
             float* dS = dpt.data();
-            const float* addr = add.data() + (info.biased ? d.router_of(kvh) : 0) * T2;
+            const float* addr = add.data() + info.add_tile_of(d.router_of(kvh)) * T2;
             // P = exp(S + add - lse) [R, 64], recomputed exactly as in the forward.
             gemm<false>(qg, hdp, ktile, kB, P, kB, R, (int)hdp, kB, false);
             for (int rr = 0; rr < R; ++rr) {

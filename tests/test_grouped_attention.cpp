@@ -124,6 +124,21 @@ Out run_fast(const Problem& P) {
   return r;
 }
 
+// The fast kernel on the last `rows` rows of P against its whole cache (chunks, decoding).
+Out run_tail(const Problem& P, int64_t rows) {
+  const int64_t t0 = P.s.n_q - rows, H = P.s.heads;
+  AttnShape s = P.s;
+  s.q_pos0 = t0;
+  s.n_q = rows;
+  GroupedRouting r = P.r;
+  r.query_groups = P.query_groups.data() + t0 * H * r.kq;
+  if (r.kb > 0) r.query_blocks = P.query_blocks.data() + t0 * H * r.kb;
+  Out part{std::vector<float>(rows * s.o_stride), std::vector<float>(H * rows)};
+  focus::cpu::grouped_attention(P.q.data() + t0 * s.q_stride, P.k.data(), P.v.data(), part.o.data(),
+                                part.lse.data(), s, r, P.idx);
+  return part;
+}
+
 // Largest |a - b| / max(1, |b|) over rows [t0, t0 + rows) of a and rows [u0, ..) of b (outputs
 // [n, heads * hd], lse [heads, n] with the given row counts).
 double rel_err(const Out& a, int64_t na, int64_t t0, const Out& b, int64_t nb, int64_t u0, int64_t rows,
@@ -262,14 +277,7 @@ TEST(GroupedAttention, ChunksMatchOneCall) {
   EXPECT_LE(rel_err(full, run_ref(P), P.s), kTol);
   for (int64_t rows : {5, 100}) {  // 5 rows: one task per (row, head, slice); 100: one per (row, head)
     const int64_t t0 = c.n - rows;
-    AttnShape s = P.s;
-    s.q_pos0 = t0;
-    s.n_q = rows;
-    GroupedRouting r = P.r;
-    r.query_groups = P.query_groups.data() + t0 * c.heads * c.kq;
-    Out part{std::vector<float>(rows * s.o_stride), std::vector<float>(s.heads * rows)};
-    focus::cpu::grouped_attention(P.q.data() + t0 * s.q_stride, P.k.data(), P.v.data(), part.o.data(),
-                                  part.lse.data(), s, r, P.idx);
+    const Out part = run_tail(P, rows);
     EXPECT_LE(rel_err(part, rows, 0, full, c.n, t0, rows, c.heads, c.hd), kTol) << rows;
   }
 }
@@ -434,15 +442,7 @@ TEST(GroupedAttention, HybridBlocksMatchReference) {
         EXPECT_LE(rel_err(run_fast(P), ref, P.s), kTol) << describe(c);
         for (int64_t rows : {1, 5, 60}) {  // decoding, a few rows, a chunk
           const int64_t t0 = c.n - rows;
-          AttnShape s = P.s;
-          s.q_pos0 = t0;
-          s.n_q = rows;
-          GroupedRouting r = P.r;
-          r.query_groups = P.query_groups.data() + t0 * c.heads * c.kq;
-          r.query_blocks = P.query_blocks.data() + t0 * c.heads * c.kb;
-          Out part{std::vector<float>(rows * s.o_stride), std::vector<float>(s.heads * rows)};
-          focus::cpu::grouped_attention(P.q.data() + t0 * s.q_stride, P.k.data(), P.v.data(), part.o.data(),
-                                        part.lse.data(), s, r, P.idx);
+          const Out part = run_tail(P, rows);
           EXPECT_LE(rel_err(part, rows, 0, ref, c.n, t0, rows, c.heads, c.hd), kTol) << describe(c) << " rows " << rows;
         }
       }
@@ -450,15 +450,7 @@ TEST(GroupedAttention, HybridBlocksMatchReference) {
 
 // Blocks that hold every key make the hybrid pattern dense causal attention, whatever the groups.
 TEST(GroupedAttention, HybridAllBlocksIsDenseCausal) {
-  Case c;
-  c.n = 130;
-  c.heads = 6;
-  c.kv_heads = 2;
-  c.RH = 2;
-  c.window = 3;
-  c.block = 10;
-  c.kb = 13;
-  c.unused = 0.0;
+  const Case c{.n = 130, .heads = 6, .kv_heads = 2, .window = 3, .RH = 2, .unused = 0.0, .kb = 13, .block = 10};
   Problem P;
   make(P, c);
   Out ref{std::vector<float>(c.n * P.s.o_stride), std::vector<float>(P.s.heads * c.n)};

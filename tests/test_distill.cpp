@@ -233,6 +233,16 @@ TEST(AsymmetricRouting, HybridBlocksDecodeLikePrefillAndAreCausal) {
   const FocusRouters g = load_focus(dir, m->cfg);
   EXPECT_EQ(g.settings.blocks, 2);
   EXPECT_EQ(g.settings.block_size, 4);
+  {  // a bad block count in focus.json is refused, naming the file
+    std::string text = read_file(dir + "/focus.json");
+    const size_t at = text.find("\"blocks\": 2");
+    ASSERT_NE(at, std::string::npos);
+    text.replace(at, 11, "\"blocks\": -3");
+    io::write_file_atomic(dir + "/focus.json", text);
+    const std::string e = test::error_of([&] { load_focus(dir, m->cfg); });
+    EXPECT_NE(e.find("focus.json"), std::string::npos) << e;
+    EXPECT_NE(e.find("blocks"), std::string::npos) << e;
+  }
   FocusSettings bad = s;
   bad.asymmetric = false;
   bad.topk = 1;

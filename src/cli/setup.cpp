@@ -86,6 +86,7 @@ std::unique_ptr<FocusRouters> FocusFlags::make(const Model& m) const {
   }
   if (block_size >= 0) {
     FOCUS_CHECK(block_size >= 1, "--block-size must be >= 1");
+    FOCUS_CHECK(f->settings.blocks > 0, "--block-size applies to the hybrid pattern: give --blocks K too");
     f->settings.block_size = block_size;
   }
   FOCUS_CHECK(f->settings.local_window >= 1, "--window must be >= 1");

@@ -426,7 +426,6 @@ void row_keys(const AttnShape& s, const GroupedRouting& r, const GroupedKeyIndex
       const auto a = std::lower_bound(m.begin(), m.end(), (int32_t)s.sinks);
       keys.insert(keys.end(), a, std::lower_bound(a, m.end(), (int32_t)lo));
     }
-    if (r.kb > 0) block_extra_keys(s, r, idx, t, h, s.sinks, lo, [&](int64_t j) { keys.push_back((int32_t)j); });
   }
   for (int64_t j = lo; j <= p; ++j) keys.push_back((int32_t)j);
 }
@@ -494,17 +493,11 @@ void gathered_decode(const float* q, const E* k, const E* v, float* o, float* ls
   std::vector<std::vector<int32_t>> keys(U);
   std::vector<std::vector<float>> bias(U);  // [slices, nh, kSlice] when the unit's heads read different blocks
   std::vector<int64_t> first(U + 1, 0), part_off(U + 1, 0);
-  GroupedRouting groups_only = r;
-  groups_only.kb = 0;
   std::vector<std::pair<int32_t, int32_t>> extra;  // (key, head in unit)
   for (int64_t u = 0; u < U; ++u) {
     const Unit& un = units[u];
-    if (r.kb == 0 || !with_groups || un.nh == 1) {
-      row_keys(s, r, idx, un.t, un.h0, with_groups, keys[u]);
-    } else {
-      row_keys(s, groups_only, idx, un.t, un.h0, with_groups, keys[u]);
-      add_unit_block_keys(s, r, idx, un.t, un.h0, un.nh, keys[u], bias[u], extra);
-    }
+    row_keys(s, r, idx, un.t, un.h0, with_groups, keys[u]);
+    if (with_groups && r.kb > 0) add_unit_block_keys(s, r, idx, un.t, un.h0, un.nh, keys[u], bias[u], extra);
     const int64_t slices = ((int64_t)keys[u].size() + kSlice - 1) / kSlice;
     first[u + 1] = first[u] + slices;
     part_off[u + 1] = part_off[u] + slices * units[u].nh * part;
@@ -569,9 +562,9 @@ void gathered_attention(const float* q, const float* k, const float* v, float* o
   }
 }
 
-// The hybrid pattern over many rows: the window, sinks and groups in tiles, then each (row, head)
-// gathers the keys of its blocks that are not in its groups, and their partial states are merged
-// into the tiled result (the two key sets are disjoint, so the union is exact).
+// The hybrid pattern over many rows: the window, sinks and groups in tiles, then the keys of the
+// rows' blocks that are not in their groups, gathered per unit as decoding does, their partial
+// states merged into the tiled result (the two key sets are disjoint, so the union is exact).
 void hybrid_attention(const float* q, const float* k, const float* v, float* o, float* lse, const AttnShape& s,
                       const GroupedRouting& r, const GroupedKeyIndex& idx) {
   const int64_t n = s.n_q, hd = s.head_dim, hpk = s.heads / s.kv_heads, part = hd + 2;

@@ -89,6 +89,28 @@ double time_it(F f) {
   return bench::median_seconds(f, reps_for(t0));
 }
 
+// The rate at which the threads in use read a 512 MiB buffer (each its own contiguous part, summed
+// in 64-bit lanes): the ceiling a matrix-vector product that streams its weight from memory once
+// can approach.
+double read_bandwidth_gbs() {
+  const size_t n = (size_t)512 << 20 >> 3;  // 64-bit words
+  std::vector<uint64_t> buf(n);
+#pragma omp parallel for schedule(static)
+  for (size_t i = 0; i < n; ++i) buf[i] = i * 0x9E3779B97F4A7C15ull;  // touched by the thread that reads it
+  volatile uint64_t sink = 0;
+  const double sec = time_it([&] {
+    uint64_t total = 0;
+#pragma omp parallel for schedule(static) reduction(+ : total)
+    for (size_t i = 0; i < n; i += 8) {
+      uint64_t s = 0;
+      for (size_t j = 0; j < 8; ++j) s += buf[i + j];
+      total += s;
+    }
+    sink = sink + total;
+  });
+  return (double)(n * 8) / sec / 1e9;
+}
+
 }  // namespace
 
 nlohmann::json bench_quant_matvec(bool full) {
@@ -135,6 +157,12 @@ nlohmann::json bench_quant_matvec(bool full) {
   const int saved_threads = num_threads();
 
   nlohmann::json rows = nlohmann::json::array();
+  for (int th : {1, 2}) {
+    set_threads(th);
+    const double gbs = read_bandwidth_gbs();
+    std::printf("memory read, 512 MiB, %d thread%s: %.1f GB/s\n", th, th > 1 ? "s" : "", gbs);
+    rows.push_back({{"shape", "memory read 512 MiB"}, {"threads", th}, {"gb_per_s", gbs}});
+  }
   std::printf("%-26s %-5s %-10s %3s %10s %8s %10s %8s\n", "shape", "type", "isa", "thr", "us", "GB/s", "sgemv us",
               "speedup");
   std::mt19937 rng(11);

@@ -64,7 +64,9 @@ TEST(KvTypes, StoreAndLoadAgreeWithTheScalarConverters) {
     for (int64_t i = 0; i < n; ++i) {
       const uint16_t want = t == KvType::F16 ? io::fp32_to_fp16(x[i]) : io::fp32_to_bf16(x[i]);
       const float want_f = t == KvType::F16 ? io::fp16_to_fp32(want) : io::bf16_to_fp32(want);
-      if (!std::isnan(x[i])) ASSERT_EQ(stored[i], want) << cpu::to_string(t) << " " << x[i];
+      if (!std::isnan(x[i])) {
+        ASSERT_EQ(stored[i], want) << cpu::to_string(t) << " " << x[i];
+      }
       ASSERT_TRUE(same_bits_or_both_nan(back[i], want_f)) << cpu::to_string(t) << " " << x[i];
       ASSERT_TRUE(same_bits_or_both_nan(rounded[i], want_f)) << cpu::to_string(t) << " " << x[i];
     }

@@ -315,6 +315,50 @@ TEST(QuantMatvec, ActivationScales) {
   EXPECT_EQ(d[1], 1.27f / 127.f);
 }
 
+// Products of one x by several weights in one call (quant_matvec_multi) give the bits of separate
+// quant_matvec calls: weights of types whose kernels read different activation layouts (and a
+// float type) in one call, row counts off the 16-row chunks, on one thread and on several.
+TEST(QuantMatvec, MultiEqualsSeparateProducts) {
+  IsaGuard guard;
+  std::mt19937 rng(21);
+  const int64_t cols = 768;
+  const std::vector<std::pair<GGMLType, int64_t>> parts = {
+      {GGMLType::Q4_1, 577}, {GGMLType::Q8_0, 33}, {GGMLType::Q4_K, 250}, {GGMLType::F16, 17}, {GGMLType::Q4_1, 191}};
+  std::vector<std::vector<uint8_t>> bytes;
+  std::vector<Weight> Ws;
+  for (const auto& [t, rows] : parts) bytes.push_back(random_weight(t, rows, cols, rng));
+  for (size_t i = 0; i < parts.size(); ++i) Ws.push_back(Weight{parts[i].first, parts[i].second, cols, bytes[i].data()});
+  const int threads = omp_get_max_threads();
+  for (const std::string& isa : supported_isas()) {
+    ASSERT_TRUE(cpu::set_quant_isa(isa));
+    for (int64_t M : {1, 2, 5}) {
+      const std::vector<float> x = random_x(M, cols, rng);
+      for (int th : {1, 2, 3}) {
+        omp_set_num_threads(th);
+        std::vector<std::vector<float>> sep, multi;
+        std::vector<cpu::MatvecOut> outs;
+        for (const Weight& W : Ws) {
+          sep.emplace_back((size_t)(M * W.rows));
+          multi.emplace_back((size_t)(M * W.rows), NAN);
+          cpu::quant_matvec(x.data(), W, sep.back().data(), M);
+        }
+        for (size_t i = 0; i < Ws.size(); ++i) outs.push_back({&Ws[i], multi[i].data()});
+        cpu::quant_matvec_multi(x.data(), outs.data(), (int)outs.size(), M);
+        for (size_t i = 0; i < Ws.size(); ++i)
+          ASSERT_EQ(0, std::memcmp(sep[i].data(), multi[i].data(), sizeof(float) * sep[i].size()))
+              << isa << " M " << M << " threads " << th << " weight " << i << " ("
+              << focus::io::type_name(Ws[i].type) << ")";
+      }
+      omp_set_num_threads(threads);
+    }
+  }
+  // A weight of another width is refused.
+  const Weight narrow{GGMLType::Q8_0, 4, 32, bytes[1].data()};
+  std::vector<float> x(cols, 1.f), y0(577), y1(4);
+  const cpu::MatvecOut bad[2] = {{&Ws[0], y0.data()}, {&narrow, y1.data()}};
+  EXPECT_THROW(cpu::quant_matvec_multi(x.data(), bad, 2, 1), std::exception);
+}
+
 // M = 0 writes nothing; a single-block weight with all-ones activations (quantised exactly).
 TEST(QuantMatvec, ZeroAndTinyShapes) {
   const std::vector<uint8_t> bytes = [] {

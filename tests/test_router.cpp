@@ -275,7 +275,9 @@ TEST(Router, TopPTakesTheFewestGroupsReachingTheMass) {
         for (int t = 0; t < kmax; ++t)
           ASSERT_EQ(out[i * kmax + t], t < (int)want.size() ? want[t] : -1) << "token " << i << " p " << p << " kmax " << kmax;
       }
-      if (kmax == 8 && p < 0.5f) EXPECT_LT(used_total, n * 4) << "top-p should read few groups for small p";
+      if (kmax == 8 && p < 0.5f) {
+        EXPECT_LT(used_total, n * 4) << "top-p should read few groups for small p";
+      }
     }
   int32_t o[2];
   const float one[4] = {0.f, 0.f, 0.f, 0.f};

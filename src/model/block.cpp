@@ -228,9 +228,8 @@ void block_run(const Model& m, const AttentionPolicy& policy, const BlockIO& io,
   if (c.mla()) {
     mla_project(c, L, A.xn1.data(), T, A, A.q.data(), k, v);
   } else {
-    cpu::linear(A.xn1.data(), L.wq, L.bq, A.q.data(), T, D, QD);
-    cpu::linear(A.xn1.data(), L.wk, L.bk, k, T, D, KD);
-    cpu::linear(A.xn1.data(), L.wv, L.bv, v, T, D, KD);
+    const cpu::LinearOut qkv[3] = {{&L.wq, L.bq, A.q.data()}, {&L.wk, L.bk, k}, {&L.wv, L.bv, v}};
+    cpu::linear_multi(A.xn1.data(), qkv, 3, T, D);
     adapt(kProjQ, A.xn1.data(), A.q.data());
     adapt(kProjK, A.xn1.data(), k);
     adapt(kProjV, A.xn1.data(), v);
@@ -322,8 +321,8 @@ void block_run(const Model& m, const AttentionPolicy& policy, const BlockIO& io,
     cpu::gelu_tanh(act, T * F);
   } else {
     A.gate.resize(T * F);
-    cpu::linear(A.xn2.data(), L.w_gate, nullptr, A.gate.data(), T, D, F);
-    cpu::linear(A.xn2.data(), L.w_up, L.b_up, A.up.data(), T, D, F);
+    const cpu::LinearOut gate_up[2] = {{&L.w_gate, nullptr, A.gate.data()}, {&L.w_up, L.b_up, A.up.data()}};
+    cpu::linear_multi(A.xn2.data(), gate_up, 2, T, D);
     act = A.gate.data();
     if (train) {
       A.act = A.gate;

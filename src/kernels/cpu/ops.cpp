@@ -161,6 +161,28 @@ void linear(const float* x, const Weight& W, const float* bias, float* y, int64_
   }
 }
 
+void linear_multi(const float* x, const LinearOut* outs, int n, int64_t M, int64_t K) {
+  bool fused = M <= kMatvecMaxRows && n <= 8;
+  int64_t N = 0;
+  for (int i = 0; i < n; ++i) {
+    check_shape(*outs[i].W, K, outs[i].W->rows);
+    fused = fused && !outs[i].W->is_f32();
+    N += outs[i].W->rows;
+  }
+  if (!fused) {
+    for (int i = 0; i < n; ++i) linear(x, *outs[i].W, outs[i].bias, outs[i].y, M, K, outs[i].W->rows);
+    return;
+  }
+  GemmTimer timer(2.0 * M * N * K);
+  MatvecOut mo[8];
+  for (int i = 0; i < n; ++i) mo[i] = {outs[i].W, outs[i].y};
+  quant_matvec_multi(x, mo, n, M);
+  for (int i = 0; i < n; ++i)
+    if (outs[i].bias)
+      for (int64_t r = 0; r < M; ++r)
+        for (int64_t c = 0; c < outs[i].W->rows; ++c) outs[i].y[r * outs[i].W->rows + c] += outs[i].bias[c];
+}
+
 void linear_backward_input(const float* dy, const Weight& W, float* dx, int64_t M, int64_t K, int64_t N,
                            bool accumulate) {
   check_shape(W, K, N);

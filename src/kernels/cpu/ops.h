@@ -16,6 +16,15 @@ void linear(const float* x, const float* W, const float* bias, float* y, int64_t
 // matrix-vector kernels (quant_matvec.h), and more rows (prefill) as prefill_gemm() says.
 constexpr int64_t kMatvecMaxRows = 8;
 void linear(const float* x, const Weight& W, const float* bias, float* y, int64_t M, int64_t K, int64_t N);
+// Several linear layers of the same x[M, K] (a layer's q/k/v, or gate/up): outs[i].y = x W_i^T
+// (+ bias), each equal to what linear() gives. While decoding (M <= kMatvecMaxRows, no F32
+// weight) they run as one quant_matvec_multi call: one parallel region instead of one per layer.
+struct LinearOut {
+  const Weight* W;
+  const float* bias;  // [W->rows] or null
+  float* y;           // [M, W->rows]
+};
+void linear_multi(const float* x, const LinearOut* outs, int n, int64_t M, int64_t K);
 
 // How linear() multiplies a quantised weight by more than kMatvecMaxRows rows (prefill, scoring):
 // Int8: the integer GEMM (quant_gemm: int8 activations, as decoding uses them) where the CPU and

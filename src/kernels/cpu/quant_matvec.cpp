@@ -594,41 +594,100 @@ void quant_gemm_log_softmax(const float* x, const Weight& W, int64_t M, const in
 }
 
 void quant_matvec(const float* x, const Weight& W, float* y, int64_t M) {
-  FOCUS_CHECK(io::type_supported(W.type), "quant_matvec: unsupported weight type ", io::type_name(W.type));
-  FOCUS_CHECK(M >= 0 && W.rows >= 0 && W.cols >= 0, "quant_matvec: bad shape");
-  if (M == 0 || W.rows == 0) return;
-  if (W.cols == 0) {
-    std::fill(y, y + M * W.rows, 0.f);
+  const MatvecOut out{&W, y};
+  quant_matvec_multi(x, &out, 1, M);
+}
+
+void quant_matvec_multi(const float* x, const MatvecOut* outs, int n, int64_t M) {
+  FOCUS_CHECK(n >= 1 && M >= 0, "quant_matvec: bad shape");
+  const int64_t K = outs[0].W->cols;
+  for (int i = 0; i < n; ++i) {
+    const Weight& W = *outs[i].W;
+    FOCUS_CHECK(io::type_supported(W.type), "quant_matvec: unsupported weight type ", io::type_name(W.type));
+    FOCUS_CHECK(W.rows >= 0 && W.cols == K, "quant_matvec: bad shape (weight ", i, " has ", W.cols,
+                " columns, the first ", K, ")");
+  }
+  if (M == 0) return;
+  if (K == 0) {
+    for (int i = 0; i < n; ++i) std::fill(outs[i].y, outs[i].y + M * outs[i].W->rows, 0.f);
     return;
   }
   const int isa = current_isa().load();
-  const Kernel k = pick_kernel(W.type, isa);
-  const Mat mat{W.type, W.rows, W.cols, static_cast<const uint8_t*>(W.data), W.row_bytes()};
-  thread_local ActBuffers bufs;
-  Act a{};
-  if (k.quantised) {
-    const QuantizeRowFn qrow =
-        isa == Avx512 ? quantize_row_avx512 : isa == Avx2 ? quantize_row_avx2 : quantize_row_generic;
-    quantize_rows(x, M, W.cols, k.layout, k.lanes, qrow, bufs, a);
-  } else {
-    a.M = M;
-    a.K = a.Kp = W.cols;
-    a.x = x;
+  const QuantizeRowFn qrow = isa == Avx512 ? quantize_row_avx512 : isa == Avx2 ? quantize_row_avx2 : quantize_row_generic;
+  // One product per weight; x is quantised once for each activation layout the kernels ask for.
+  struct Job {
+    Kernel k;
+    Mat mat;
+    int act;  // index into acts
+    float* y;
+  };
+  thread_local std::vector<ActBuffers> bufs;
+  thread_local std::vector<Act> acts;
+  thread_local std::vector<Job> jobs;
+  if ((int)bufs.size() < n) bufs.resize((size_t)n);
+  acts.clear();
+  jobs.clear();
+  for (int i = 0; i < n; ++i) {
+    const Weight& W = *outs[i].W;
+    const Kernel k = pick_kernel(W.type, isa);
+    int ai = -1;
+    for (int j = 0; j < i && ai < 0; ++j) {
+      const Kernel& kj = jobs[(size_t)j].k;
+      if (kj.quantised == k.quantised && (!k.quantised || (kj.layout == k.layout && kj.lanes == k.lanes)))
+        ai = jobs[(size_t)j].act;
+    }
+    if (ai < 0) {
+      Act a{};
+      if (k.quantised) {
+        quantize_rows(x, M, K, k.layout, k.lanes, qrow, bufs[acts.size()], a);
+      } else {
+        a.M = M;
+        a.K = a.Kp = K;
+        a.x = x;
+      }
+      ai = (int)acts.size();
+      acts.push_back(a);
+    }
+    jobs.push_back({k, Mat{W.type, W.rows, W.cols, static_cast<const uint8_t*>(W.data), W.row_bytes()}, ai, outs[i].y});
   }
-  // Rows are shared out in chunks; small products stay on the calling thread, where starting the
-  // team would cost more than it saves.
+  // Rows are shared out in chunks of kChunk, the chunks of all the products in one list split
+  // into one contiguous run per thread of about equal bytes. Small products stay on the calling
+  // thread, where starting the team would cost more than it saves.
   constexpr int64_t kChunk = 16;
-  const int64_t n_chunks = (W.rows + kChunk - 1) / kChunk;
-  const double work = (double)mat.row_bytes * (double)W.rows * (double)(1 + (M - 1) / 4);
+  const double per_row_m = (double)(1 + (M - 1) / 4);
+  double work = 0;
+  int64_t n_chunks = 0;
+  for (const Job& j : jobs) {
+    work += (double)j.mat.row_bytes * (double)j.mat.rows * per_row_m;
+    n_chunks += (j.mat.rows + kChunk - 1) / kChunk;
+  }
+  const Job* const jp = jobs.data();
+  const Act* const ap = acts.data();
   const bool parallel = n_chunks > 1 && work >= 96.0 * 1024 && omp_get_max_threads() > 1 && !omp_in_parallel();
   if (!parallel) {
-    k.fn(mat, 0, W.rows, a, y, W.rows);
+    for (int i = 0; i < n; ++i) jp[i].k.fn(jp[i].mat, 0, jp[i].mat.rows, ap[jp[i].act], jp[i].y, jp[i].mat.rows);
     return;
   }
-#pragma omp parallel for schedule(static)
-  for (int64_t c = 0; c < n_chunks; ++c) {
-    const int64_t r0 = c * kChunk, r1 = std::min(W.rows, r0 + kChunk);
-    k.fn(mat, r0, r1, a, y, W.rows);
+#pragma omp parallel
+  {
+    const int nt = omp_get_num_threads(), t = omp_get_thread_num();
+    const double lo = work * t / nt, hi = work * (t + 1) / nt;
+    // A chunk belongs to the thread whose share holds the chunk's first byte.
+    double at = 0;
+    for (int i = 0; i < n; ++i) {
+      const Job& j = jp[i];
+      const double row_cost = (double)j.mat.row_bytes * per_row_m;
+      int64_t r0 = -1, r1 = -1;  // this thread's rows of this product
+      for (int64_t c = 0; c < j.mat.rows; c += kChunk) {
+        const double start = at + row_cost * (double)c;
+        if (start >= lo && (start < hi || t == nt - 1)) {
+          if (r0 < 0) r0 = c;
+          r1 = std::min(j.mat.rows, c + kChunk);
+        }
+      }
+      if (r0 >= 0) j.k.fn(j.mat, r0, r1, ap[j.act], j.y, j.mat.rows);
+      at += row_cost * (double)j.mat.rows;
+    }
   }
 }
 

@@ -28,6 +28,15 @@ namespace focus::cpu {
 // change with M, the thread count or the row chunking.
 void quant_matvec(const float* x, const Weight& W, float* y, int64_t M);
 
+// Several products of the same x (a layer's q, k and v projections, or its gate and up): for each
+// i, outs[i].y = x W_i^T as quant_matvec gives it (the same bits), in one parallel region, x
+// quantised once for each activation layout the weights' kernels read. Every W_i has x's width.
+struct MatvecOut {
+  const Weight* W;
+  float* y;  // [M, W->rows]
+};
+void quant_matvec_multi(const float* x, const MatvecOut* outs, int n, int64_t M);
+
 // The same products for many rows of x (prefill), as a GEMM in integers: x is quantised exactly as
 // quant_matvec does (int8 per 32-element block), the weights are decoded into panels of 32 rows
 // of signed bytes, and each output is sum_g A_g d_g (sum_{k in g} q_w q_x) + B_g s_g over the

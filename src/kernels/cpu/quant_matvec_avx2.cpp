@@ -41,29 +41,24 @@ QMV_INLINE float hsum(__m256 v) {
 // Weights come from memory once per product (a model's weights do not fit in the caches), so the
 // bytes [from, to) of the rows being read are prefetched kPrefetch bytes ahead of use: the
 // hardware prefetchers alone leave much of the memory bandwidth unused.
-constexpr int64_t kPrefetch = 12288;
+constexpr int64_t kPrefetch = 2048;
 QMV_INLINE void prefetch_ahead(const uint8_t* from, const uint8_t* to, const uint8_t* end) {
   if (end - to < kPrefetch) return;
   for (const uint8_t* p = from + kPrefetch; p < to + kPrefetch; p += 64) _mm_prefetch((const char*)p, _MM_HINT_T0);
 }
 
-// Runs Op::row<R, MT> over the rows [r0, r1) and the activation rows in tiles: R weight rows at a
-// time while decoding (4 for M = 1, 2 for M = 2; independent chains of work), by MT activation rows. Each output's
-// operations are the same whatever R, MT and the tiling.
+// Runs Op::row<R, MT> over the rows [r0, r1) and the activation rows in tiles: 2 weight rows at a
+// time while decoding (M = 1 or 2: two independent chains of work), by MT activation rows. Each
+// output's operations are the same whatever R, MT and the tiling. (Four rows at a time, one more
+// chain, ran at half the memory speed or less on an AMD Zen 3 for Q8_0 and Q6_K, and no faster for
+// the others, when the weight streams from memory as it does while decoding.)
 template <class Op>
 void rows_driver(const Mat& W, int64_t r0, int64_t r1, const Act& a, float* y, int64_t ldy) {
   float out[16] = {};
   int64_t n = r0;
   auto rp = [&](int64_t i) { return W.data + (size_t)i * W.row_bytes; };
   if constexpr (Op::multi_row) {
-    if (a.M == 1 && Op::rows_m1 == 4) {
-      for (; n + 4 <= r1; n += 4) {
-        const uint8_t* rows[4] = {rp(n), rp(n + 1), rp(n + 2), rp(n + 3)};
-        prefetch_ahead(rp(n), rp(n + 4), rp(W.rows));
-        Op::template row<4, 1>(W, rows, a, 0, out);
-        for (int r = 0; r < 4; ++r) y[n + r] = out[r];
-      }
-    } else if (a.M == 1) {
+    if (a.M == 1) {
       for (; n + 2 <= r1; n += 2) {
         const uint8_t* rows[2] = {rp(n), rp(n + 1)};
         prefetch_ahead(rp(n), rp(n + 2), rp(W.rows));
@@ -134,7 +129,6 @@ struct Q45 {
   static constexpr int qhoff = min ? 4 : 2, qoff = five ? qhoff + 4 : qhoff;
   static constexpr float offset = five ? -16.f : -8.f;  // of the types without a min
   static constexpr bool multi_row = true;
-  static constexpr int rows_m1 = five ? 2 : 4;  // rows at a time for M = 1 (sixteen ymm registers)
 
   template <int R, int MT>
   static QMV_INLINE void row(const Mat& W, const uint8_t* const* rows, const Act& a, int64_t m0, float* out) {
@@ -200,7 +194,6 @@ struct Q45 {
 struct Q8 {
   static constexpr int bb = 34;
   static constexpr bool multi_row = true;
-  static constexpr int rows_m1 = 4;
   template <int R, int MT>
   static QMV_INLINE void row(const Mat& W, const uint8_t* const* rows, const Act& a, int64_t m0, float* out) {
     const int64_t nb = W.cols / 32, nbp = a.Kp / 32;
@@ -249,7 +242,6 @@ template <bool Five>
 struct QK45 {
   static constexpr int bb = Five ? 176 : 144, qoff = Five ? 48 : 16;
   static constexpr bool multi_row = true;
-  static constexpr int rows_m1 = 4;
   template <int R, int MT>
   static QMV_INLINE void row(const Mat& W, const uint8_t* const* rows, const Act& a, int64_t m0, float* out) {
     const int64_t nsb = W.cols / 256, nbp = a.Kp / 32;
@@ -303,7 +295,6 @@ struct QK45 {
 struct Q6K {
   static constexpr int bb = 210;
   static constexpr bool multi_row = true;
-  static constexpr int rows_m1 = 4;
   template <int R, int MT>
   static QMV_INLINE void row(const Mat& W, const uint8_t* const* rows, const Act& a, int64_t m0, float* out) {
     const int64_t nsb = W.cols / 256, nb16p = a.Kp / 16;
@@ -381,7 +372,6 @@ QMV_INLINE float load_w1(const uint8_t* row, int64_t k) {
 template <FT T>
 struct Flt {
   static constexpr bool multi_row = false;
-  static constexpr int rows_m1 = 1;
   template <int R, int MT>
   static QMV_INLINE void row(const Mat& W, const uint8_t* const* rows, const Act& a, int64_t m0, float* out) {
     static_assert(R == 1);

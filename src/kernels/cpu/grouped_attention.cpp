@@ -91,29 +91,33 @@ bool reads(const GroupedRouting& r, const int32_t* slots, int32_t g) {
   return false;
 }
 
-// The keys of the blocks read by (row t, head h) in [lo_far, hi_far) that are not members of its
-// groups (those are listed already), passed to f in increasing position per block.
+// The keys of block b in [lo_far, hi_far) that are not members of the groups gs (kq slots) under
+// routing head rh (those are listed already), passed to f in increasing position.
+template <class F>
+void block_keys_outside(const GroupedRouting& r, const GroupedKeyIndex& idx, int64_t b, const int32_t* gs,
+                        int64_t rh, int64_t lo_far, int64_t hi_far, F&& f) {
+  static thread_local std::vector<char> mark;
+  const int64_t j0 = std::max<int64_t>(b * r.block_size, lo_far);
+  const int64_t j1 = std::min<int64_t>((b + 1) * r.block_size, hi_far);
+  if (j0 >= j1) return;
+  mark.assign(j1 - j0, 0);
+  for (int g = 0; g < r.kq; ++g) {
+    if (gs[g] < 0) continue;
+    const auto& m = idx.group(rh, gs[g]);
+    for (auto x = std::lower_bound(m.begin(), m.end(), (int32_t)j0); x != m.end() && *x < j1; ++x) mark[*x - j0] = 1;
+  }
+  for (int64_t j = j0; j < j1; ++j)
+    if (!mark[j - j0]) f(j);
+}
+
+// The same for every block read by (row t, head h), block by block.
 template <class F>
 void block_extra_keys(const AttnShape& s, const GroupedRouting& r, const GroupedKeyIndex& idx, int64_t t, int64_t h,
                       int64_t lo_far, int64_t hi_far, F&& f) {
-  static thread_local std::vector<char> mark;
   const int32_t* gs = r.query_groups + (t * s.heads + h) * r.kq;
   const int32_t* bs = r.query_blocks + (t * s.heads + h) * r.kb;
-  const int64_t rh = route_of(s, r, h);
-  for (int c = 0; c < r.kb; ++c) {
-    if (bs[c] < 0) continue;
-    const int64_t j0 = std::max<int64_t>(bs[c] * r.block_size, lo_far);
-    const int64_t j1 = std::min<int64_t>((bs[c] + 1) * r.block_size, hi_far);
-    if (j0 >= j1) continue;
-    mark.assign(j1 - j0, 0);
-    for (int g = 0; g < r.kq; ++g) {
-      if (gs[g] < 0) continue;
-      const auto& m = idx.group(rh, gs[g]);
-      for (auto x = std::lower_bound(m.begin(), m.end(), (int32_t)j0); x != m.end() && *x < j1; ++x) mark[*x - j0] = 1;
-    }
-    for (int64_t j = j0; j < j1; ++j)
-      if (!mark[j - j0]) f(j);
-  }
+  for (int c = 0; c < r.kb; ++c)
+    if (bs[c] >= 0) block_keys_outside(r, idx, bs[c], gs, route_of(s, r, h), lo_far, hi_far, f);
 }
 
 // Whether query heads h0 .. h0+nh-1 of row t read the same groups (one routing head, the same
@@ -128,37 +132,50 @@ bool same_groups(const AttnShape& s, const GroupedRouting& r, int64_t t, int64_t
 }
 
 // Appends to keys the union of the block keys beyond the window of query heads h0 .. h0+nh-1 of
-// row t (which read the same groups) that are not in their groups. When some head does not read
-// all of them, bias becomes [slices][nh][kSlice] over the whole list: 0 where head hh reads key m
-// (every key before the appended ones), -inf elsewhere; otherwise bias is left empty.
+// row t (which read the same groups) that are not in their groups, in increasing position. When
+// some head does not read all of them, bias becomes [slices][nh][kSlice] over the whole list: 0
+// where head hh reads key m (every key before the appended ones), -inf elsewhere; otherwise bias
+// is left empty. blocks is scratch: the (block, head) pairs, sorted.
 void add_unit_block_keys(const AttnShape& s, const GroupedRouting& r, const GroupedKeyIndex& idx, int64_t t,
                          int64_t h0, int64_t nh, std::vector<int32_t>& keys, std::vector<float>& bias,
-                         std::vector<std::pair<int32_t, int32_t>>& extra) {
+                         std::vector<std::pair<int32_t, int32_t>>& blocks) {
   bias.clear();
   const int64_t lo = std::max<int64_t>(0, s.q_pos0 + t - s.local_window + 1);
   if (lo <= s.sinks) return;
-  extra.clear();
-  for (int64_t hh = 0; hh < nh; ++hh)
-    block_extra_keys(s, r, idx, t, h0 + hh, s.sinks, lo, [&](int64_t j) { extra.push_back({(int32_t)j, (int32_t)hh}); });
-  if (extra.empty()) return;
-  std::sort(extra.begin(), extra.end());
+  FOCUS_CHECK(nh <= 64, "grouped attention: more than 64 query heads share a kv head");
+  blocks.clear();
+  for (int64_t hh = 0; hh < nh; ++hh) {
+    const int32_t* bs = r.query_blocks + (t * s.heads + h0 + hh) * r.kb;
+    for (int c = 0; c < r.kb; ++c)
+      if (bs[c] >= 0) blocks.push_back({bs[c], (int32_t)hh});
+  }
+  if (blocks.empty()) return;
+  std::sort(blocks.begin(), blocks.end());
+  // Per appended key, the heads that read its block (bit hh).
+  static thread_local std::vector<uint64_t> readers;
+  readers.clear();
+  const int32_t* gs = r.query_groups + (t * s.heads + h0) * r.kq;
   const int64_t base = (int64_t)keys.size();
-  for (size_t i = 0; i < extra.size(); ++i)
-    if (i == 0 || extra[i].first != extra[i - 1].first) keys.push_back(extra[i].first);
-  const int64_t n_keys = (int64_t)keys.size();
-  if ((int64_t)extra.size() == (n_keys - base) * nh) return;  // every head reads every key
-  const int64_t slices = (n_keys + kSlice - 1) / kSlice;
+  for (size_t i = 0; i < blocks.size();) {
+    const int32_t b = blocks[i].first;
+    uint64_t heads = 0;
+    for (; i < blocks.size() && blocks[i].first == b; ++i) heads |= uint64_t{1} << blocks[i].second;
+    block_keys_outside(r, idx, b, gs, route_of(s, r, h0), s.sinks, lo, [&](int64_t j) {
+      keys.push_back((int32_t)j);
+      readers.push_back(heads);
+    });
+  }
+  const uint64_t all = nh == 64 ? ~uint64_t{0} : (uint64_t{1} << nh) - 1;
+  if (std::all_of(readers.begin(), readers.end(), [&](uint64_t x) { return x == all; })) return;
+  const int64_t n_keys = (int64_t)keys.size(), slices = (n_keys + kSlice - 1) / kSlice;
   bias.assign(slices * nh * kSlice, -std::numeric_limits<float>::infinity());
   auto at = [&](int64_t m, int64_t hh) -> float& { return bias[((m / kSlice) * nh + hh) * kSlice + m % kSlice]; };
   for (int64_t m = 0; m < base; ++m)
     for (int64_t hh = 0; hh < nh; ++hh) at(m, hh) = 0.f;
-  int64_t m = base - 1;
-  for (size_t i = 0; i < extra.size(); ++i) {
-    if (i == 0 || extra[i].first != extra[i - 1].first) ++m;
-    at(m, extra[i].second) = 0.f;
-  }
+  for (int64_t m = base; m < n_keys; ++m)
+    for (int64_t hh = 0; hh < nh; ++hh)
+      if (readers[(size_t)(m - base)] >> hh & 1) at(m, hh) = 0.f;
 }
-
 
 // ---------------------------------------------------------------------------------------------
 // Self-attention in tiles: the keys of one kv head beyond every row's window, in group order under
@@ -493,7 +510,7 @@ void gathered_decode(const float* q, const E* k, const E* v, float* o, float* ls
   std::vector<std::vector<int32_t>> keys(U);
   std::vector<std::vector<float>> bias(U);  // [slices, nh, kSlice] when the unit's heads read different blocks
   std::vector<int64_t> first(U + 1, 0), part_off(U + 1, 0);
-  std::vector<std::pair<int32_t, int32_t>> extra;  // (key, head in unit)
+  std::vector<std::pair<int32_t, int32_t>> extra;  // (block, head in unit)
   for (int64_t u = 0; u < U; ++u) {
     const Unit& un = units[u];
     row_keys(s, r, idx, un.t, un.h0, with_groups, keys[u]);

@@ -95,7 +95,7 @@ int block_topk_select(const AttentionCall& a, const BlockTopKState& st, const Bl
   const int64_t work = a.T * H * max_cand * hd;
 #pragma omp parallel if (work > (int64_t{1} << 18))
   {
-    std::vector<std::pair<float, int32_t>> cand;
+    std::vector<std::vector<std::pair<float, int32_t>>> cand(hpk);
 #pragma omp for schedule(dynamic, 4)
     for (int64_t t = 0; t < a.T; ++t) {
       const int64_t f = a.pos0 + t - w;
@@ -104,22 +104,26 @@ int block_topk_select(const AttentionCall& a, const BlockTopKState& st, const Bl
       for (int64_t h = 0; h < H; ++h) {
         int32_t* slots = qg.data() + (t * H + h) * kq;
         slots[0] = (int32_t)cur;
-        if (nb <= K) {  // every candidate fits
+        if (nb <= K)  // every candidate fits
           for (int64_t b = lo; b < cur; ++b) slots[1 + b - lo] = (int32_t)b;
-          continue;
-        }
-        if (K == 0) continue;
-        const float* qr = a.q + t * c.q_dim() + h * hd;
-        const int64_t off = (h / hpk) * hd;
-        cand.resize(nb);
+      }
+      if (nb <= K || K == 0) continue;
+      // Per kv head, every candidate's bounds for its query heads (each block's bounds read once).
+      for (int64_t kvh = 0; kvh < c.kv_heads; ++kvh) {
+        for (auto& ch : cand) ch.resize(nb);
+        const float* q0 = a.q + t * c.q_dim() + kvh * hpk * hd;
         for (int64_t b = lo; b < cur; ++b) {
-          const int64_t at = b * c.kv_heads * hd + off;
-          cand[b - lo] = {block_bound(qr, st.kmin.data() + at, st.kmax.data() + at, hd), (int32_t)b};
+          const int64_t at = (b * c.kv_heads + kvh) * hd;
+          for (int64_t hh = 0; hh < hpk; ++hh)
+            cand[hh][b - lo] = {block_bound(q0 + hh * hd, st.kmin.data() + at, st.kmax.data() + at, hd), (int32_t)b};
         }
-        std::nth_element(cand.begin(), cand.begin() + (K - 1), cand.end(), better);
-        std::sort(cand.begin(), cand.begin() + K,
-                  [](const auto& x, const auto& y) { return x.second < y.second; });
-        for (int64_t i = 0; i < K; ++i) slots[1 + i] = cand[i].second;
+        for (int64_t hh = 0; hh < hpk; ++hh) {
+          auto& ch = cand[hh];
+          std::nth_element(ch.begin(), ch.begin() + (K - 1), ch.end(), better);
+          std::sort(ch.begin(), ch.begin() + K, [](const auto& x, const auto& y) { return x.second < y.second; });
+          int32_t* slots = qg.data() + (t * H + kvh * hpk + hh) * kq;
+          for (int64_t i = 0; i < K; ++i) slots[1 + i] = ch[i].second;
+        }
       }
     }
   }

@@ -135,14 +135,15 @@ bool same_groups(const AttnShape& s, const GroupedRouting& r, int64_t t, int64_t
 // row t (which read the same groups) that are not in their groups, in increasing position. When
 // some head does not read all of them, bias becomes [slices][nh][kSlice] over the whole list: 0
 // where head hh reads key m (every key before the appended ones), -inf elsewhere; otherwise bias
-// is left empty. blocks is scratch: the (block, head) pairs, sorted.
+// is left empty.
 void add_unit_block_keys(const AttnShape& s, const GroupedRouting& r, const GroupedKeyIndex& idx, int64_t t,
-                         int64_t h0, int64_t nh, std::vector<int32_t>& keys, std::vector<float>& bias,
-                         std::vector<std::pair<int32_t, int32_t>>& blocks) {
+                         int64_t h0, int64_t nh, std::vector<int32_t>& keys, std::vector<float>& bias) {
   bias.clear();
   const int64_t lo = std::max<int64_t>(0, s.q_pos0 + t - s.local_window + 1);
   if (lo <= s.sinks) return;
   FOCUS_CHECK(nh <= 64, "grouped attention: more than 64 query heads share a kv head");
+  static thread_local std::vector<std::pair<int32_t, int32_t>> blocks;  // (block, head in unit), sorted
+  static thread_local std::vector<uint64_t> readers;  // per appended key, the heads that read its block (bit hh)
   blocks.clear();
   for (int64_t hh = 0; hh < nh; ++hh) {
     const int32_t* bs = r.query_blocks + (t * s.heads + h0 + hh) * r.kb;
@@ -151,8 +152,6 @@ void add_unit_block_keys(const AttnShape& s, const GroupedRouting& r, const Grou
   }
   if (blocks.empty()) return;
   std::sort(blocks.begin(), blocks.end());
-  // Per appended key, the heads that read its block (bit hh).
-  static thread_local std::vector<uint64_t> readers;
   readers.clear();
   const int32_t* gs = r.query_groups + (t * s.heads + h0) * r.kq;
   const int64_t base = (int64_t)keys.size();
@@ -510,11 +509,10 @@ void gathered_decode(const float* q, const E* k, const E* v, float* o, float* ls
   std::vector<std::vector<int32_t>> keys(U);
   std::vector<std::vector<float>> bias(U);  // [slices, nh, kSlice] when the unit's heads read different blocks
   std::vector<int64_t> first(U + 1, 0), part_off(U + 1, 0);
-  std::vector<std::pair<int32_t, int32_t>> extra;  // (block, head in unit)
   for (int64_t u = 0; u < U; ++u) {
     const Unit& un = units[u];
     row_keys(s, r, idx, un.t, un.h0, with_groups, keys[u]);
-    if (with_groups && r.kb > 0) add_unit_block_keys(s, r, idx, un.t, un.h0, un.nh, keys[u], bias[u], extra);
+    if (with_groups && r.kb > 0) add_unit_block_keys(s, r, idx, un.t, un.h0, un.nh, keys[u], bias[u]);
     const int64_t slices = ((int64_t)keys[u].size() + kSlice - 1) / kSlice;
     first[u + 1] = first[u] + slices;
     part_off[u + 1] = part_off[u] + slices * units[u].nh * part;
@@ -602,7 +600,6 @@ void hybrid_attention(const float* q, const float* k, const float* v, float* o, 
   {
     std::vector<int32_t> keys;
     std::vector<float> sc(hpk * kSlice), parts, bias;
-    std::vector<std::pair<int32_t, int32_t>> extra;
 #pragma omp for schedule(dynamic, 4)
     for (int64_t x = 0; x < n * s.kv_heads; ++x) {
       const int64_t t = x / s.kv_heads, kvh = x % s.kv_heads;
@@ -610,7 +607,7 @@ void hybrid_attention(const float* q, const float* k, const float* v, float* o, 
       for (int64_t h0 = kvh * hpk; h0 < (kvh + 1) * hpk; h0 += shared ? hpk : 1) {
         const int64_t nh = shared ? hpk : 1;
         keys.clear();
-        add_unit_block_keys(s, r, idx, t, h0, nh, keys, bias, extra);
+        add_unit_block_keys(s, r, idx, t, h0, nh, keys, bias);
         if (keys.empty()) continue;
         const int64_t slices = ((int64_t)keys.size() + kSlice - 1) / kSlice;
         parts.resize(slices * nh * part);

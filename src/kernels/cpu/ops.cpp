@@ -110,6 +110,13 @@ void check_shape(const Weight& W, int64_t K, int64_t N) {
               " weight used as ", N, " x ", K);
 }
 
+// y[r, :] += bias for r < M (nothing when bias is null).
+void add_bias(float* y, const float* bias, int64_t M, int64_t N) {
+  if (!bias) return;
+  for (int64_t r = 0; r < M; ++r)
+    for (int64_t c = 0; c < N; ++c) y[r * N + c] += bias[c];
+}
+
 // Rows of W per dequantised tile: about 8 MB of float32, at least one row.
 int64_t tile_rows(const Weight& W) {
   return std::clamp<int64_t>((int64_t{8} << 20) / (int64_t)(sizeof(float) * std::max<int64_t>(W.cols, 1)), 1, W.rows);
@@ -145,9 +152,7 @@ void linear(const float* x, const Weight& W, const float* bias, float* y, int64_
   if (M <= kMatvecMaxRows || int8_gemm) {
     if (int8_gemm) quant_gemm(x, W, y, M);
     else quant_matvec(x, W, y, M);
-    if (bias)
-      for (int64_t r = 0; r < M; ++r)
-        for (int64_t c = 0; c < N; ++c) y[r * N + c] += bias[c];
+    add_bias(y, bias, M, N);
     return;
   }
   const int64_t R = tile_rows(W);
@@ -177,10 +182,7 @@ void linear_multi(const float* x, const LinearOut* outs, int n, int64_t M, int64
   MatvecOut mo[8];
   for (int i = 0; i < n; ++i) mo[i] = {outs[i].W, outs[i].y};
   quant_matvec_multi(x, mo, n, M);
-  for (int i = 0; i < n; ++i)
-    if (outs[i].bias)
-      for (int64_t r = 0; r < M; ++r)
-        for (int64_t c = 0; c < outs[i].W->rows; ++c) outs[i].y[r * outs[i].W->rows + c] += outs[i].bias[c];
+  for (int i = 0; i < n; ++i) add_bias(outs[i].y, outs[i].bias, M, outs[i].W->rows);
 }
 
 void linear_backward_input(const float* dy, const Weight& W, float* dx, int64_t M, int64_t K, int64_t N,

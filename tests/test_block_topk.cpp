@@ -61,9 +61,10 @@ std::vector<int64_t> reference_blocks(const std::vector<float>& q, const std::ve
   }
   std::sort(cand.begin(), cand.end(),
             [](const auto& x, const auto& y) { return x.first > y.first || (x.first == y.first && x.second < y.second); });
-  if ((int64_t)cand.size() > s.k) ++*choices;
+  const int64_t K = s.k_of(h);
+  if ((int64_t)cand.size() > K) ++*choices;
   std::vector<int64_t> blocks{cur};
-  for (int64_t i = 0; i < std::min<int64_t>(s.k, (int64_t)cand.size()); ++i) blocks.push_back(cand[i].second);
+  for (int64_t i = 0; i < std::min<int64_t>(K, (int64_t)cand.size()); ++i) blocks.push_back(cand[i].second);
   return blocks;
 }
 
@@ -114,11 +115,26 @@ TEST(BlockTopK, MatchesBruteForceDefinition) {
   const auto q = random_normal(n * c.q_dim(), 1, 1.f);
   const auto k = random_normal(n * c.kv_dim(), 2, 1.f);
   const auto v = random_normal(n * c.kv_dim(), 3, 1.f);
+  auto settings = [](int64_t block, int64_t k, int64_t window, int64_t sinks, std::vector<int64_t> head_k = {}) {
+    BlockTopKSettings s;
+    s.block = block;
+    s.k = head_k.empty() ? k : *std::max_element(head_k.begin(), head_k.end());
+    s.window = window;
+    s.sinks = sinks;
+    s.head_k = head_k;
+    return s;
+  };
+  // The last three: each head its own K (per-head budgets), one head reading no chosen block.
   const std::vector<BlockTopKSettings> cases = {
-      {4, 2, 5, 1}, {8, 1, 3, 0}, {5, 3, 10, 7}, {1, 4, 2, 2}, {16, 0, 4, 1}, {3, 100, 6, 1}, {7, 2, 1, 20}};
+      settings(4, 2, 5, 1),           settings(8, 1, 3, 0),           settings(5, 3, 10, 7),
+      settings(1, 4, 2, 2),           settings(16, 0, 4, 1),          settings(3, 100, 6, 1),
+      settings(7, 2, 1, 20),          settings(4, 0, 5, 1, {0, 3, 1, 2}), settings(1, 0, 2, 2, {5, 0, 0, 9}),
+      settings(3, 0, 6, 1, {100, 2, 0, 1})};
   for (const BlockTopKSettings& s : cases) {
+    std::string ks;
+    for (int64_t x : s.head_k) ks += " " + std::to_string(x);
     SCOPED_TRACE("block " + std::to_string(s.block) + " k " + std::to_string(s.k) + " window " +
-                 std::to_string(s.window) + " sinks " + std::to_string(s.sinks));
+                 std::to_string(s.window) + " sinks " + std::to_string(s.sinks) + " head k" + ks);
     const auto policy = block_topk_attention(s);
     std::unique_ptr<AttentionState> state;
     std::vector<float> out(n * c.q_dim(), 0.f);
@@ -226,13 +242,13 @@ TEST(BlockTopK, OptionsAreCheckedByName) {
   const auto names = registered_attention_policies();
   EXPECT_NE(std::find(names.begin(), names.end(), "blocktopk"), names.end());
   EXPECT_EQ(make_attention_plan(c, "blocktopk").at(0).name(), "blocktopk");
-  const BlockTopKSettings d = block_topk_settings(AttentionOptions::parse("", "blocktopk"));
+  const BlockTopKSettings d = block_topk_settings(AttentionOptions::parse("", "blocktopk"), c, 0);
   EXPECT_EQ(d.block, 64);
   EXPECT_EQ(d.k, 8);
   EXPECT_EQ(d.window, 256);
   EXPECT_EQ(d.sinks, 1);
   const BlockTopKSettings s = block_topk_settings(
-      AttentionOptions::parse("block=32,k=0,window=1,sinks=0", "blocktopk:block=32,k=0,window=1,sinks=0"));
+      AttentionOptions::parse("block=32,k=0,window=1,sinks=0", "blocktopk:block=32,k=0,window=1,sinks=0"), c, 0);
   EXPECT_EQ(s.block, 32);
   EXPECT_EQ(s.k, 0);
   EXPECT_EQ(s.window, 1);

@@ -19,7 +19,7 @@ int main(int argc, char** argv) {
   app.add_option("-t,--threads", threads, "threads (default: all cores)");
   const std::vector<Command> commands = {add_info(app),   add_eval(app),     add_generate(app), add_tokenize(app),
                                          add_prepare(app), add_retrofit(app), add_lora(app),     add_train(app),
-                                         add_groups(app),
+                                         add_groups(app),        add_budget(app),
                                          add_bench_tasks(app), add_bench(app)};
   CLI11_PARSE(app, argc, argv);
   try {

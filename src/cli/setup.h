@@ -105,6 +105,7 @@ Command add_retrofit(CLI::App& app);
 Command add_lora(CLI::App& app);
 Command add_train(CLI::App& app);
 Command add_groups(CLI::App& app);
+Command add_budget(CLI::App& app);
 Command add_bench_tasks(CLI::App& app);
 Command add_bench(CLI::App& app);
 

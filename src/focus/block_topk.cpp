@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "core/error.h"
+#include "focus/block_budget.h"
 
 namespace focus {
 namespace {
@@ -92,6 +93,8 @@ int block_topk_select(const AttentionCall& a, const BlockTopKState& st, const Bl
   const int64_t K = std::min(s.k, max_cand);
   const int64_t kq = K + 1;
   qg.assign(a.T * H * kq, -1);
+  std::vector<int64_t> kh(H);
+  for (int64_t h = 0; h < H; ++h) kh[h] = std::min(s.k_of(h), K);
   const int64_t work = a.T * H * max_cand * hd;
 #pragma omp parallel if (work > (int64_t{1} << 18))
   {
@@ -104,12 +107,15 @@ int block_topk_select(const AttentionCall& a, const BlockTopKState& st, const Bl
       for (int64_t h = 0; h < H; ++h) {
         int32_t* slots = qg.data() + (t * H + h) * kq;
         slots[0] = (int32_t)cur;
-        if (nb <= K)  // every candidate fits
+        if (nb <= kh[h])  // every candidate fits
           for (int64_t b = lo; b < cur; ++b) slots[1 + b - lo] = (int32_t)b;
       }
-      if (nb <= K || K == 0) continue;
-      // Per kv head, every candidate's bounds for its query heads (each block's bounds read once).
+      // Per kv head, every candidate's bounds for its query heads that must choose (each block's
+      // bounds read once).
       for (int64_t kvh = 0; kvh < c.kv_heads; ++kvh) {
+        bool choose = false;
+        for (int64_t hh = 0; hh < hpk; ++hh) choose |= kh[kvh * hpk + hh] > 0 && nb > kh[kvh * hpk + hh];
+        if (!choose) continue;
         for (auto& ch : cand) ch.resize(nb);
         const float* q0 = a.q + t * c.q_dim() + kvh * hpk * hd;
         for (int64_t b = lo; b < cur; ++b) {
@@ -118,11 +124,13 @@ int block_topk_select(const AttentionCall& a, const BlockTopKState& st, const Bl
             cand[hh][b - lo] = {block_bound(q0 + hh * hd, st.kmin.data() + at, st.kmax.data() + at, hd), (int32_t)b};
         }
         for (int64_t hh = 0; hh < hpk; ++hh) {
+          const int64_t Kh = kh[kvh * hpk + hh];
+          if (Kh == 0 || nb <= Kh) continue;
           auto& ch = cand[hh];
-          std::nth_element(ch.begin(), ch.begin() + (K - 1), ch.end(), better);
-          std::sort(ch.begin(), ch.begin() + K, [](const auto& x, const auto& y) { return x.second < y.second; });
+          std::nth_element(ch.begin(), ch.begin() + (Kh - 1), ch.end(), better);
+          std::sort(ch.begin(), ch.begin() + Kh, [](const auto& x, const auto& y) { return x.second < y.second; });
           int32_t* slots = qg.data() + (t * H + kvh * hpk + hh) * kq;
-          for (int64_t i = 0; i < K; ++i) slots[1 + i] = ch[i].second;
+          for (int64_t i = 0; i < Kh; ++i) slots[1 + i] = ch[i].second;
         }
       }
     }
@@ -176,12 +184,33 @@ void BlockTopKState::truncate(int64_t n) {
   }
 }
 
-BlockTopKSettings block_topk_settings(const AttentionOptions& o) {
+BlockTopKSettings block_topk_settings(const AttentionOptions& o, const ModelConfig& c, int64_t layer) {
   BlockTopKSettings s;
-  s.block = o.get_int("block", s.block);
-  s.k = o.get_int("k", s.k);
-  s.window = o.get_int("window", s.window);
-  s.sinks = o.get_int("sinks", s.sinks);
+  if (o.has("budget")) {
+    const std::string path = o.get("budget", "");
+    FOCUS_CHECK(!o.has("k"), "blocktopk: give k or budget, not both (the budget file sets each head's k)");
+    const BlockBudget b = load_block_budget(path);
+    FOCUS_CHECK((int64_t)b.k.size() == c.layers, path, ": budgets for ", b.k.size(), " layers, the model has ", c.layers);
+    const std::vector<int64_t>& kl = b.k[layer];
+    FOCUS_CHECK((int64_t)kl.size() == c.heads, path, ": layer ", layer, " has ", kl.size(),
+                " head budgets, the model has ", c.heads, " heads",
+                kl.empty() ? " (the layer was not measured: calibrate on this model)" : "");
+    s.block = b.block;
+    s.window = b.window;
+    s.sinks = b.sinks;
+    s.head_k = kl;
+    s.k = *std::max_element(kl.begin(), kl.end());
+    // Settings the file fixes may be repeated, not changed.
+    const std::pair<const char*, int64_t> fixed[] = {{"block", b.block}, {"window", b.window}, {"sinks", b.sinks}};
+    for (const auto& [key, v] : fixed)
+      FOCUS_CHECK(o.get_int(key, v) == v, "blocktopk: ", key, "=", o.get_int(key, v), " differs from the budget file's ",
+                  v, " (", path, ")");
+  } else {
+    s.block = o.get_int("block", s.block);
+    s.k = o.get_int("k", s.k);
+    s.window = o.get_int("window", s.window);
+    s.sinks = o.get_int("sinks", s.sinks);
+  }
   FOCUS_CHECK(s.block >= 1 && s.block < (int64_t{1} << 30), "blocktopk: block must be at least 1, got ", s.block);
   FOCUS_CHECK(s.k >= 0, "blocktopk: k must be at least 0, got ", s.k);
   FOCUS_CHECK(s.window >= 1, "blocktopk: window must be at least 1, got ", s.window);
@@ -196,8 +225,8 @@ std::shared_ptr<const AttentionPolicy> block_topk_attention(const BlockTopKSetti
 namespace {
 // Each global layer gets an instance of its own (it holds the settings only).
 const bool registered = register_attention_policy(
-    "blocktopk", [](const ModelConfig&, int64_t, const AttentionOptions& o) {
-      return block_topk_attention(block_topk_settings(o));
+    "blocktopk", [](const ModelConfig& c, int64_t layer, const AttentionOptions& o) {
+      return block_topk_attention(block_topk_settings(o, c, layer));
     });
 }  // namespace
 

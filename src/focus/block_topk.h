@@ -28,10 +28,16 @@ struct BlockTopKSettings {
   int64_t k = 8;         // K: far blocks chosen by their bound, besides the forced current one
   int64_t window = 256;  // w: keys p - w < j <= p are always visible
   int64_t sinks = 1;     // S: keys j < S are always visible
+  // Per query head of the layer: its own K (block_budget.h); empty: every head reads k. When set,
+  // k is their maximum.
+  std::vector<int64_t> head_k;
+  int64_t k_of(int64_t h) const { return head_k.empty() ? k : head_k[h]; }
 };
 
-// The settings of a spec's options (block, k, window, sinks); throws focus::Error naming a bad one.
-BlockTopKSettings block_topk_settings(const AttentionOptions& options);
+// The settings of a spec's options (block, k, window, sinks, or budget=FILE: per-head budgets
+// measured by `focus budget`, which also fix block, window and sinks) for a layer of c; throws
+// focus::Error naming a bad one.
+BlockTopKSettings block_topk_settings(const AttentionOptions& options, const ModelConfig& c, int64_t layer);
 
 // The policy itself, shared by every layer it runs on.
 std::shared_ptr<const AttentionPolicy> block_topk_attention(const BlockTopKSettings& s);
@@ -53,10 +59,11 @@ struct BlockTopKState final : AttentionState {
   void truncate(int64_t n) override;
 };
 
-// The blocks of every (row, head) of call a into qg [T, heads, kq]; returns kq = s.k + 1. Slot 0
-// holds the block of the row's last far key p - w (its keys up to p - w are far, the rest are in
-// the window, which the kernel shows anyway); the others the top K complete blocks before it by
-// their bound, ascending, then -1. A row with no far key beyond the sinks (p - w < S) reads
+// The blocks of every (row, head) of call a into qg [T, heads, kq]; returns kq = s.k + 1 (or
+// fewer when the call's rows have fewer candidates). Slot 0 holds the block of the row's last far
+// key p - w (its keys up to p - w are far, the rest are in the window, which the kernel shows
+// anyway); the others the top K (head h: s.k_of(h)) complete blocks before it by their bound,
+// ascending, then -1. A row with no far key beyond the sinks (p - w < S) reads
 // nothing. st must hold the keys up to the call's last row.
 int block_topk_select(const AttentionCall& a, const BlockTopKState& st, const BlockTopKSettings& s,
                       std::vector<int32_t>& qg);

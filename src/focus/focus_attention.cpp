@@ -385,7 +385,11 @@ class AsymmetricFocusAttention final : public AttentionPolicy {
     cpu::GroupedRouting routing{G, RH, nullptr, k, qg.data()};
     std::vector<int32_t> qb;
     if (ks->blocks) {
-      const BlockTopKSettings bs{fs_.block_size, fs_.blocks, fs_.local_window, fs_.sinks};
+      BlockTopKSettings bs;
+      bs.block = fs_.block_size;
+      bs.k = fs_.blocks;
+      bs.window = fs_.local_window;
+      bs.sinks = fs_.sinks;
       routing.kb = block_topk_select(a, *ks->blocks, bs, qb);
       routing.block_size = fs_.block_size;
       routing.query_blocks = qb.data();

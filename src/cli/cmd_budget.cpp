@@ -1,0 +1,106 @@
+// focus budget: per-head block budgets for block top-k attention, measured on calibration text.
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <iostream>
+#include <nlohmann/json.hpp>
+
+#include "cli/process.h"
+#include "cli/setup.h"
+#include "core/error.h"
+#include "focus/block_budget.h"
+#include "io/text.h"
+
+namespace focus::cli {
+namespace {
+
+struct BudgetFlags {
+  ModelSetup s;
+  std::vector<std::string> texts;
+  std::string out;
+  int64_t ctx = 4096, max_tokens = 0, block = 8, window = 64, sinks = 1, k_max = 0;
+  double mean_k = 0;
+};
+
+int run_budget(const BudgetFlags& f) {
+  FOCUS_CHECK(f.mean_k > 0, "budget: --mean-k must be above 0, got ", f.mean_k);
+  const int64_t k_max = f.k_max > 0 ? f.k_max : std::max<int64_t>(1, (int64_t)std::ceil(4 * f.mean_k));
+  FOCUS_CHECK(k_max >= f.mean_k, "budget: --max-k ", k_max, " is below --mean-k ", f.mean_k);
+  const Loaded l = f.s.load();
+  const Model& m = *l.model;
+  const std::vector<int32_t> ids = io::load_text_tokens(*m.tok, f.texts, f.max_tokens);
+  install_interrupt_handler();
+  const BlockMassCurves cv = measure_block_mass(m, ids, f.ctx, f.block, f.window, f.sinks, k_max, true);
+  FOCUS_CHECK(!interrupted(), "budget: interrupted before the calibration finished; nothing written");
+  BlockBudget b;
+  b.block = f.block;
+  b.window = f.window;
+  b.sinks = f.sinks;
+  b.ctx = f.ctx;
+  b.mean_k = f.mean_k;
+  b.k = allocate_block_budget(cv, f.mean_k);
+  // Per layer, per row and head: the far probability, and what uniform k and the budgets miss.
+  const int64_t H = cv.heads, ku = std::min<int64_t>(k_max, (int64_t)std::llround(f.mean_k));
+  double all_far = 0, all_uniform = 0, all_budget = 0;
+  int64_t all_rows = 0;
+  std::printf("block %lld, window %lld, sinks %lld, mean k %.2f (k_max %lld), ctx %lld, %zu tokens\n",
+              (long long)f.block, (long long)f.window, (long long)f.sinks, f.mean_k, (long long)k_max,
+              (long long)f.ctx, ids.size());
+  std::printf("layer | far prob | missed, k=%lld each | missed, budgets | k per head\n", (long long)ku);
+  b.layer_missed.assign(cv.layers, 0.0);
+  b.layer_far.assign(cv.layers, 0.0);
+  for (int64_t L = 0; L < cv.layers; ++L) {
+    if (b.k[L].empty()) continue;
+    double far = 0, uni = 0, bud = 0;
+    for (int64_t h = 0; h < H; ++h) {
+      far += cv.far[L * H + h];
+      uni += cv.missed_at(L, h, ku);
+      bud += cv.missed_at(L, h, b.k[L][h]);
+    }
+    const double per = 1.0 / ((double)cv.rows[L] * (double)H);
+    b.layer_far[L] = far * per;
+    b.layer_missed[L] = bud * per;
+    all_far += far;
+    all_uniform += uni;
+    all_budget += bud;
+    all_rows += cv.rows[L] * H;
+    std::string ks;
+    for (int64_t h = 0; h < H; ++h) ks += (h ? " " : "") + std::to_string(b.k[L][h]);
+    std::printf("%5lld | %8.4f | %18.4f | %15.4f | %s\n", (long long)L, far * per, uni * per, bud * per, ks.c_str());
+  }
+  const double per = 1.0 / std::max<double>(1, (double)all_rows);
+  std::printf("all   | %8.4f | %18.4f | %15.4f |\n", all_far * per, all_uniform * per, all_budget * per);
+  save_block_budget(f.out, b);
+  std::printf("wrote %s (use: --attention blocktopk:budget=%s)\n", f.out.c_str(), f.out.c_str());
+  if (f.s.as_json)
+    std::cout << nlohmann::json{{"out", f.out},           {"block", f.block},         {"window", f.window},
+                                {"sinks", f.sinks},       {"ctx", f.ctx},             {"mean_k", f.mean_k},
+                                {"k_max", k_max},         {"far", all_far * per},     {"missed_uniform", all_uniform * per},
+                                {"missed_budget", all_budget * per}, {"tokens", ids.size()}}
+                     .dump()
+              << "\n";
+  return 0;
+}
+
+}  // namespace
+
+Command add_budget(CLI::App& app) {
+  auto f = std::make_shared<BudgetFlags>();
+  auto* sub = app.add_subcommand(
+      "budget",
+      "per-head block budgets for block top-k attention (--attention blocktopk:budget=FILE), measured on text");
+  f->s.add_model(sub);
+  sub->add_option("--text", f->texts, "calibration text files (keep them apart from the evaluation's)")->required();
+  sub->add_option("--out", f->out, "budget file to write (JSON)")->required();
+  sub->add_option("--mean-k", f->mean_k, "blocks per query head on average over the routed layers")->required();
+  sub->add_option("--max-k", f->k_max, "most blocks one head may get (default: 4 x mean k)");
+  sub->add_option("--block-size", f->block, "keys per block");
+  sub->add_option("--window", f->window, "local window every query sees");
+  sub->add_option("--sinks", f->sinks, "first keys every query sees");
+  sub->add_option("--ctx", f->ctx, "window length in tokens (incl. BOS): calibrate at the length you evaluate");
+  sub->add_option("--max-tokens", f->max_tokens, "use only the first T text tokens");
+  f->s.add_json(sub);
+  return {sub, [f] { return run_budget(*f); }};
+}
+
+}  // namespace focus::cli

@@ -1,0 +1,241 @@
+#include "focus/block_budget.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <nlohmann/json.hpp>
+#include <queue>
+#include <tuple>
+
+#include "core/error.h"
+#include "core/mapped_file.h"
+#include "eval/perplexity.h"
+#include "io/safetensors_writer.h"
+#include "model/attention.h"
+
+namespace focus {
+namespace {
+
+// A layer's dense attention that also measures the block curves of its rows.
+class BlockMassProbe final : public AttentionPolicy {
+ public:
+  explicit BlockMassProbe(BlockMassCurves* c) : c_(c) {}
+  std::string name() const override { return "blockmass"; }
+
+  void attend(const AttentionCall& a, std::unique_ptr<AttentionState>& state, AttentionStats* stats) const override {
+    dense_attention().attend(a, state, stats);
+    FOCUS_CHECK(a.k && a.q, "block budget: the calibration needs float keys (run it with a float32 KV cache)");
+    measure_block_mass_call(a, *c_);
+  }
+
+ private:
+  BlockMassCurves* c_;
+};
+
+}  // namespace
+
+void measure_block_mass_call(const AttentionCall& a, BlockMassCurves& cv) {
+  const ModelConfig& c = *a.cfg;
+  const int64_t n = a.pos0 + a.T, H = c.heads, kvh_n = c.kv_heads, hpk = H / kvh_n, hd = c.head_dim;
+  const int64_t kvd = c.kv_dim(), B = cv.block, w = cv.window, S = cv.sinks, KM = cv.k_max;
+  const float scale = layer_attn_shape(c, a.layer, a.pos0, a.T).scale;
+  // Bounds of the complete blocks, [block, kv head, dim].
+  const int64_t nbk = n / B;
+  std::vector<float> kmn(nbk * kvd, std::numeric_limits<float>::infinity());
+  std::vector<float> kmx(nbk * kvd, -std::numeric_limits<float>::infinity());
+  for (int64_t b = 0; b < nbk; ++b)
+    for (int64_t j = b * B; j < (b + 1) * B; ++j)
+      for (int64_t d = 0; d < kvd; ++d) {
+        const float x = a.k[j * kvd + d];
+        kmn[b * kvd + d] = std::min(kmn[b * kvd + d], x);
+        kmx[b * kvd + d] = std::max(kmx[b * kvd + d], x);
+      }
+  const int64_t lo = S / B;
+  std::vector<double> miss(H * (KM + 1), 0.0), far(H, 0.0);
+  int64_t rows = 0;
+#pragma omp parallel
+  {
+    std::vector<double> miss_t(H * (KM + 1), 0.0), far_t(H, 0.0);
+    std::vector<float> e(n);
+    std::vector<double> bm;
+    std::vector<std::pair<float, int32_t>> cand;
+    int64_t rows_t = 0;
+#pragma omp for schedule(dynamic, 8)
+    for (int64_t t = 0; t < a.T; ++t) {
+      const int64_t p = a.pos0 + t, f = p - w;
+      if (f < S) continue;
+      ++rows_t;
+      const int64_t cur = f / B, nb = cur - lo;
+      for (int64_t h = 0; h < H; ++h) {
+        const float* q = a.q + t * c.q_dim() + h * hd;
+        const float* k0 = a.k + (h / hpk) * hd;
+        float mx = -std::numeric_limits<float>::infinity();
+        for (int64_t j = 0; j <= p; ++j) {
+          const float* kr = k0 + j * kvd;
+          float s = 0.f;
+#pragma omp simd reduction(+ : s)
+          for (int64_t d = 0; d < hd; ++d) s += q[d] * kr[d];
+          e[j] = s * scale;
+          mx = std::max(mx, e[j]);
+        }
+        double z = 0;
+        for (int64_t j = 0; j <= p; ++j) {
+          e[j] = std::exp(e[j] - mx);
+          z += e[j];
+        }
+        auto mass = [&](int64_t j0, int64_t j1) {  // probability of keys j0 .. j1-1
+          double m = 0;
+          for (int64_t j = std::max(j0, S); j < j1; ++j) m += e[j];
+          return m / z;
+        };
+        const double F = mass(S, f + 1);
+        const double mcur = mass(cur * B, f + 1);
+        bm.assign(nb, 0.0);
+        cand.resize(nb);
+        const int64_t at0 = (h / hpk) * hd;
+        for (int64_t b = lo; b < cur; ++b) {
+          bm[b - lo] = mass(b * B, (b + 1) * B);
+          const float* mn = kmn.data() + b * kvd + at0;
+          const float* mxb = kmx.data() + b * kvd + at0;
+          float bound = 0.f;
+          for (int64_t d = 0; d < hd; ++d) bound += std::max(q[d] * mxb[d], q[d] * mn[d]);
+          cand[b - lo] = {bound, (int32_t)b};
+        }
+        // The order block top-k chooses in: larger bound first, ties to the lower block.
+        const int64_t kk = std::min(KM, nb);
+        std::partial_sort(cand.begin(), cand.begin() + kk, cand.end(), [](const auto& x, const auto& y) {
+          return x.first > y.first || (x.first == y.first && x.second < y.second);
+        });
+        double left = std::max(0.0, F - mcur);
+        double* mrow = miss_t.data() + h * (KM + 1);
+        mrow[0] += left;
+        for (int64_t i = 0; i < KM; ++i) {
+          if (i < kk) left = std::max(0.0, left - bm[cand[i].second - lo]);
+          else left = 0.0;  // every candidate read
+          mrow[i + 1] += left;
+        }
+        far_t[h] += F;
+      }
+    }
+#pragma omp critical
+    {
+      for (size_t i = 0; i < miss.size(); ++i) miss[i] += miss_t[i];
+      for (int64_t h = 0; h < H; ++h) far[h] += far_t[h];
+      rows += rows_t;
+    }
+  }
+  for (int64_t h = 0; h < H; ++h) {
+    for (int64_t k = 0; k <= KM; ++k) cv.missed[(a.layer * H + h) * (KM + 1) + k] += miss[h * (KM + 1) + k];
+    cv.far[a.layer * H + h] += far[h];
+  }
+  cv.rows[a.layer] += rows;
+}
+
+BlockMassCurves measure_block_mass(const Model& m, const std::vector<int32_t>& ids, int64_t ctx, int64_t block,
+                                   int64_t window, int64_t sinks, int64_t k_max, bool progress) {
+  const ModelConfig& c = m.cfg;
+  FOCUS_CHECK(block >= 1 && window >= 1 && sinks >= 0 && k_max >= 1, "block budget: block (", block, ") window (",
+              window, ") and k_max (", k_max, ") must be at least 1, sinks (", sinks, ") at least 0");
+  FOCUS_CHECK(ctx > window + sinks, "block budget: ctx ", ctx, " leaves no key beyond the window ", window,
+              " and the sinks ", sinks);
+  BlockMassCurves cv;
+  cv.block = block;
+  cv.window = window;
+  cv.sinks = sinks;
+  cv.k_max = k_max;
+  cv.layers = c.layers;
+  cv.heads = c.heads;
+  cv.missed.assign(c.layers * c.heads * (k_max + 1), 0.0);
+  cv.far.assign(c.layers * c.heads, 0.0);
+  cv.rows.assign(c.layers, 0);
+  AttentionPlan plan;
+  plan.layers.resize(c.layers);
+  for (int64_t l = 0; l < c.layers; ++l)
+    if (c.layer_sliding_window[l] == 0) plan.layers[l] = std::make_shared<BlockMassProbe>(&cv);
+  PplOptions o;
+  o.ctx = ctx;
+  o.progress = progress;
+  o.attention = &plan;
+  o.kv_type = cpu::KvType::F32;
+  perplexity(m, ids, o);
+  return cv;
+}
+
+std::vector<std::vector<int64_t>> allocate_block_budget(const BlockMassCurves& cv, double mean_k) {
+  FOCUS_CHECK(mean_k >= 0, "block budget: the mean k must be at least 0, got ", mean_k);
+  std::vector<std::vector<int64_t>> k(cv.layers);
+  int64_t measured = 0;
+  for (int64_t l = 0; l < cv.layers; ++l)
+    if (cv.rows[l] > 0) {
+      k[l].assign(cv.heads, 0);
+      measured += cv.heads;
+    }
+  FOCUS_CHECK(measured > 0, "block budget: no layer had a row with keys beyond the window (text too short?)");
+  int64_t total = (int64_t)std::floor(mean_k * (double)measured + 1e-9);
+  total = std::min(total, measured * cv.k_max);
+  // Greedy: each block to the head whose missed mass falls most by it (ties to the lower layer, head).
+  using Item = std::tuple<double, int64_t, int64_t>;  // gain, -layer, -head
+  std::priority_queue<Item> pq;
+  auto push = [&](int64_t l, int64_t h) {
+    const int64_t kk = k[l][h];
+    if (kk >= cv.k_max) return;
+    pq.emplace(cv.missed_at(l, h, kk) - cv.missed_at(l, h, kk + 1), -l, -h);
+  };
+  for (int64_t l = 0; l < cv.layers; ++l)
+    for (int64_t h = 0; h < (int64_t)k[l].size(); ++h) push(l, h);
+  for (int64_t i = 0; i < total && !pq.empty(); ++i) {
+    const auto [gain, nl, nh] = pq.top();
+    pq.pop();
+    k[-nl][-nh]++;
+    push(-nl, -nh);
+  }
+  return k;
+}
+
+void save_block_budget(const std::string& path, const BlockBudget& b) {
+  nlohmann::json k = nlohmann::json::array();
+  for (const auto& kl : b.k) k.push_back(kl);
+  nlohmann::json j = {{"format", "focus-block-budget"}, {"version", 1},     {"block", b.block},
+                      {"window", b.window},             {"sinks", b.sinks}, {"ctx", b.ctx},
+                      {"mean_k", b.mean_k},             {"k", k}};
+  if (!b.layer_missed.empty()) {
+    j["layer_missed"] = b.layer_missed;
+    j["layer_far"] = b.layer_far;
+  }
+  io::write_file_atomic(path, j.dump() + "\n");
+}
+
+BlockBudget load_block_budget(const std::string& path) {
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(read_file(path));
+  } catch (const nlohmann::json::exception& e) {
+    fail(path, ": invalid JSON: ", e.what());
+  }
+  FOCUS_CHECK(j.is_object() && j.value("format", nlohmann::json()) == "focus-block-budget", path,
+              ": not a block budget file (made by `focus budget`)");
+  BlockBudget b;
+  auto int_of = [&](const nlohmann::json& v, const std::string& what, int64_t min) {
+    FOCUS_CHECK(v.is_number_integer(), path, ": '", what, "' must be an integer (got ", v.dump(), ")");
+    const int64_t x = v.get<int64_t>();
+    FOCUS_CHECK(x >= min && x < (int64_t{1} << 30), path, ": '", what, "' out of range: ", x);
+    return x;
+  };
+  for (const char* key : {"block", "window", "sinks", "k"})
+    FOCUS_CHECK(j.contains(key), path, ": missing field '", key, "'");
+  b.block = int_of(j["block"], "block", 1);
+  b.window = int_of(j["window"], "window", 1);
+  b.sinks = int_of(j["sinks"], "sinks", 0);
+  if (j.contains("ctx")) b.ctx = int_of(j["ctx"], "ctx", 0);
+  if (j.contains("mean_k") && j["mean_k"].is_number()) b.mean_k = j["mean_k"].get<double>();
+  FOCUS_CHECK(j["k"].is_array(), path, ": 'k' must be an array of per-layer lists");
+  for (const auto& kl : j["k"]) {
+    FOCUS_CHECK(kl.is_array(), path, ": 'k' must be an array of per-layer lists of integers");
+    std::vector<int64_t> v;
+    for (const auto& x : kl) v.push_back(int_of(x, "k", 0));
+    b.k.push_back(std::move(v));
+  }
+  return b;
+}
+
+}  // namespace focus

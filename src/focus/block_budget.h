@@ -1,0 +1,64 @@
+// Per-head block budgets for block top-k attention (block_topk.h): instead of every query head of
+// every layer reading the same K far blocks, each (layer, query head) reads its own K_h, with the
+// mean of K_h over the routed heads fixed. Heads whose attention stays in the local window get
+// few blocks; heads whose far attention is spread out get many.
+//
+// The budgets come from a calibration pass over text the evaluation does not use: the model runs
+// dense attention, and for every row beyond the window and every query head the calibration
+// ranks the far blocks as block top-k would (the forced block of the last far key first, then the
+// complete blocks by their Quest bound) and records how much of the row's attention probability
+// the first K of them miss, for K = 0 .. k_max. Summed over rows, missed_h(K) is what head h
+// loses with K blocks; the budgets minimise the sum over heads of missed_h(K_h) given the mean:
+// one block at a time goes to the head whose missed mass falls most by it (greedy; each head's
+// curve is convex where its blocks are ranked well, which is where it matters).
+//
+// The budget file (JSON, "format": "focus-block-budget") holds the settings it was measured with
+// (block, window, sinks, ctx) and K_h for every layer (an empty list for layers not routed);
+// `--attention blocktopk:budget=FILE` reads it.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "model/model.h"
+
+namespace focus {
+
+struct BlockMassCurves {
+  int64_t block = 8, window = 64, sinks = 1, k_max = 0;
+  int64_t layers = 0, heads = 0;
+  // [layers * heads * (k_max + 1)]: summed over rows, the attention probability beyond the window
+  // and the sinks that the forced block and the first K ranked blocks do not hold.
+  std::vector<double> missed;
+  std::vector<double> far;        // [layers * heads] the far probability summed over rows
+  std::vector<int64_t> rows;      // [layers] rows with a far key, per layer (0: layer not measured)
+  double missed_at(int64_t l, int64_t h, int64_t k) const { return missed[(l * heads + h) * (k_max + 1) + k]; }
+};
+
+// Runs m over ids in windows of ctx tokens (BOS first when the model has one) with dense
+// attention on every global layer and measures the curves there. Stops early (returning what it
+// has) after Ctrl-C; progress on stderr when asked.
+BlockMassCurves measure_block_mass(const Model& m, const std::vector<int32_t>& ids, int64_t ctx, int64_t block,
+                                   int64_t window, int64_t sinks, int64_t k_max, bool progress);
+
+// Adds the rows of one prefill call (float q and keys 0 .. a.pos0 + a.T - 1 in a.k) to cv's
+// curves for layer a.layer (cv sized for the model by measure_block_mass's rules).
+void measure_block_mass_call(const AttentionCall& a, BlockMassCurves& cv);
+
+// Budgets with mean_k blocks per measured (layer, head) on average (rounded down to whole blocks
+// in total): [layers][heads], empty for layers not measured. Each K_h is at most curves.k_max.
+std::vector<std::vector<int64_t>> allocate_block_budget(const BlockMassCurves& curves, double mean_k);
+
+struct BlockBudget {
+  int64_t block = 8, window = 64, sinks = 1, ctx = 0;
+  double mean_k = 0;
+  std::vector<std::vector<int64_t>> k;  // [layers][heads], empty for layers not routed
+  // Per layer: the missed and far probability per row under these budgets at calibration (for the report).
+  std::vector<double> layer_missed, layer_far;
+};
+
+void save_block_budget(const std::string& path, const BlockBudget& b);
+// Errors name the file: not a budget file, malformed fields, negative budgets.
+BlockBudget load_block_budget(const std::string& path);
+
+}  // namespace focus

@@ -1,0 +1,264 @@
+// Per-head block budgets (focus/block_budget.h): the calibration's curves against the block
+// top-k selection they describe, the greedy allocation against an exhaustive search, the budget
+// file and the policy option that reads it.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "core/error.h"
+#include "focus/block_budget.h"
+#include "focus/block_topk.h"
+#include "model/attention.h"
+#include "test_models.h"
+#include "test_util.h"
+
+using namespace focus;
+using focus::test::random_normal;
+
+namespace {
+
+// One global layer of 4 query heads on 2 kv heads of 8 dimensions.
+ModelConfig small_config() {
+  ModelConfig c;
+  c.layers = 1;
+  c.heads = 4;
+  c.kv_heads = 2;
+  c.head_dim = 8;
+  c.attn_scale = 1.f / std::sqrt(8.f);
+  c.layer_sliding_window = {0};
+  return c;
+}
+
+BlockMassCurves empty_curves(const ModelConfig& c, int64_t block, int64_t window, int64_t sinks, int64_t k_max) {
+  BlockMassCurves cv;
+  cv.block = block;
+  cv.window = window;
+  cv.sinks = sinks;
+  cv.k_max = k_max;
+  cv.layers = c.layers;
+  cv.heads = c.heads;
+  cv.missed.assign(c.layers * c.heads * (k_max + 1), 0.0);
+  cv.far.assign(c.layers * c.heads, 0.0);
+  cv.rows.assign(c.layers, 0);
+  return cv;
+}
+
+std::string temp_file(const std::string& name) { return ::testing::TempDir() + "/focus_budget_" + name; }
+
+}  // namespace
+
+// missed(K) is, summed over rows, the probability beyond the window and the sinks that block top-k
+// with K blocks leaves unread: checked against the policy's own selection (block_topk_select) and a
+// float64 softmax, for every K up to k_max, with the rows measured in one call and in two.
+TEST(BlockBudget, CurvesMatchTheSelectionTheyDescribe) {
+  const ModelConfig c = small_config();
+  const int64_t n = 90, KM = 12;
+  const auto q = random_normal(n * c.q_dim(), 11, 2.f);  // peaked attention: the ranking matters
+  const auto k = random_normal(n * c.kv_dim(), 12, 1.f);
+  struct Case {
+    int64_t block, window, sinks;
+  };
+  for (const Case& cs : {Case{4, 5, 1}, Case{8, 3, 0}, Case{5, 10, 7}, Case{1, 2, 2}}) {
+    SCOPED_TRACE("block " + std::to_string(cs.block) + " window " + std::to_string(cs.window) + " sinks " +
+                 std::to_string(cs.sinks));
+    BlockMassCurves one = empty_curves(c, cs.block, cs.window, cs.sinks, KM);
+    BlockMassCurves two = one;
+    AttentionCall a;
+    a.cfg = &c;
+    a.k = k.data();
+    a.q = q.data();
+    a.T = n;
+    measure_block_mass_call(a, one);
+    for (auto [pos0, T] : {std::pair<int64_t, int64_t>{0, 37}, {37, n - 37}}) {
+      a.pos0 = pos0;
+      a.T = T;
+      a.q = q.data() + pos0 * c.q_dim();
+      measure_block_mass_call(a, two);
+    }
+    int64_t rows = 0;
+    for (int64_t p = 0; p < n; ++p) rows += p - cs.window >= cs.sinks;
+    EXPECT_EQ(one.rows[0], rows);
+    EXPECT_EQ(two.rows[0], rows);
+
+    // The selection block top-k makes with K blocks, on the same keys.
+    BlockTopKState st;
+    st.block = cs.block;
+    st.kv_heads = c.kv_heads;
+    st.head_dim = c.head_dim;
+    st.index.reset(1, 1);
+    st.append(cpu::KvView(k.data()), c.kv_dim(), n);
+    AttentionCall all;
+    all.cfg = &c;
+    all.q = q.data();
+    all.k = k.data();
+    all.T = n;
+    const int64_t hpk = c.heads / c.kv_heads, hd = c.head_dim;
+    bool ranks = false;
+    for (int64_t K = 0; K <= KM; ++K) {
+      BlockTopKSettings s;
+      s.block = cs.block;
+      s.k = K;
+      s.window = cs.window;
+      s.sinks = cs.sinks;
+      std::vector<int32_t> qg;
+      const int kq = block_topk_select(all, st, s, qg);
+      for (int64_t h = 0; h < c.heads; ++h) {
+        double missed = 0, far = 0;
+        for (int64_t p = 0; p < n; ++p) {
+          const int64_t f = p - cs.window;
+          if (f < cs.sinks) continue;
+          std::vector<double> e(p + 1);
+          double mx = -INFINITY, z = 0;
+          for (int64_t j = 0; j <= p; ++j) {
+            double d = 0;
+            for (int64_t y = 0; y < hd; ++y)
+              d += (double)q[p * c.q_dim() + h * hd + y] * k[j * c.kv_dim() + (h / hpk) * hd + y];
+            e[j] = d * c.attn_scale;
+            mx = std::max(mx, e[j]);
+          }
+          for (double& x : e) z += (x = std::exp(x - mx));
+          const int32_t* slots = qg.data() + (p * c.heads + h) * kq;
+          for (int64_t j = cs.sinks; j <= f; ++j) {
+            far += e[j] / z;
+            if (std::find(slots, slots + kq, (int32_t)(j / cs.block)) == slots + kq) missed += e[j] / z;
+          }
+        }
+        EXPECT_NEAR(one.missed_at(0, h, K), missed, 1e-4 * (1 + missed)) << "head " << h << " K " << K;
+        EXPECT_NEAR(two.missed_at(0, h, K), missed, 1e-4 * (1 + missed)) << "head " << h << " K " << K;
+        EXPECT_NEAR(one.far[h], far, 1e-4 * (1 + far));
+        if (K > 0) {
+          EXPECT_LE(one.missed_at(0, h, K), one.missed_at(0, h, K - 1) + 1e-12);
+          ranks |= one.missed_at(0, h, K) < one.missed_at(0, h, K - 1) - 1e-6 && missed > 1e-3;
+        }
+      }
+    }
+    EXPECT_TRUE(ranks) << "some head gains from a block while still missing mass";
+  }
+}
+
+// The greedy allocation reaches the exhaustive optimum on convex curves, spends exactly the
+// budget, keeps every K within k_max and leaves unmeasured layers empty.
+TEST(BlockBudget, GreedyAllocationIsOptimalOnConvexCurves) {
+  ModelConfig c = small_config();
+  c.layers = 3;
+  c.heads = 3;
+  c.layer_sliding_window = {0, 0, 0};
+  const int64_t KM = 5;
+  for (uint64_t seed = 1; seed <= 6; ++seed) {
+    BlockMassCurves cv = empty_curves(c, 8, 64, 1, KM);
+    cv.rows = {10, 0, 10};  // layer 1 not measured
+    const auto r = random_normal(c.layers * c.heads * KM, seed, 1.f);
+    for (int64_t l = 0; l < c.layers; ++l)
+      for (int64_t h = 0; h < c.heads; ++h) {
+        std::vector<double> gains(KM);  // decreasing gains: a convex, decreasing curve
+        for (int64_t i = 0; i < KM; ++i) gains[i] = std::fabs(r[(l * c.heads + h) * KM + i]);
+        std::sort(gains.rbegin(), gains.rend());
+        double m = 0;
+        for (double g : gains) m += g;
+        for (int64_t K = 0; K <= KM; ++K) {
+          cv.missed[(l * c.heads + h) * (KM + 1) + K] = m;
+          if (K < KM) m -= gains[K];
+        }
+      }
+    for (double mean_k : {0.0, 1.0, 2.5, 3.0, 5.0, 9.0}) {
+      SCOPED_TRACE("seed " + std::to_string(seed) + " mean k " + std::to_string(mean_k));
+      const auto k = allocate_block_budget(cv, mean_k);
+      ASSERT_EQ((int64_t)k.size(), c.layers);
+      EXPECT_TRUE(k[1].empty());
+      int64_t sum = 0;
+      double cost = 0;
+      std::vector<std::pair<int64_t, int64_t>> heads;
+      for (int64_t l : {0, 2})
+        for (int64_t h = 0; h < c.heads; ++h) {
+          ASSERT_EQ((int64_t)k[l].size(), c.heads);
+          EXPECT_GE(k[l][h], 0);
+          EXPECT_LE(k[l][h], KM);
+          sum += k[l][h];
+          cost += cv.missed_at(l, h, k[l][h]);
+          heads.push_back({l, h});
+        }
+      const int64_t total = std::min<int64_t>((int64_t)std::floor(mean_k * 6), 6 * KM);
+      EXPECT_EQ(sum, total);
+      // Every split of total over the 6 heads.
+      double best = INFINITY;
+      std::vector<int64_t> at(heads.size(), 0);
+      std::function<void(size_t, int64_t, double)> walk = [&](size_t i, int64_t left, double acc) {
+        if (i == heads.size()) {
+          if (left == 0) best = std::min(best, acc);
+          return;
+        }
+        for (int64_t K = 0; K <= std::min(KM, left); ++K)
+          walk(i + 1, left - K, acc + cv.missed_at(heads[i].first, heads[i].second, K));
+      };
+      walk(0, total, 0.0);
+      EXPECT_NEAR(cost, best, 1e-9);
+    }
+  }
+}
+
+// The file round-trips; `blocktopk:budget=FILE` gives each head its K and takes block, window and
+// sinks from the file; contradictions and bad files are errors naming the problem.
+TEST(BlockBudget, FileAndPolicyOption) {
+  const ModelConfig c = small_config();
+  BlockBudget b;
+  b.block = 4;
+  b.window = 5;
+  b.sinks = 1;
+  b.ctx = 90;
+  b.mean_k = 1.5;
+  b.k = {{0, 3, 1, 2}};
+  const std::string path = temp_file("ok.json");
+  save_block_budget(path, b);
+  const BlockBudget r = load_block_budget(path);
+  EXPECT_EQ(r.block, 4);
+  EXPECT_EQ(r.window, 5);
+  EXPECT_EQ(r.sinks, 1);
+  EXPECT_EQ(r.ctx, 90);
+  EXPECT_EQ(r.k, b.k);
+  const BlockTopKSettings s = block_topk_settings(AttentionOptions::parse("budget=" + path, "blocktopk"), c, 0);
+  EXPECT_EQ(s.block, 4);
+  EXPECT_EQ(s.window, 5);
+  EXPECT_EQ(s.sinks, 1);
+  EXPECT_EQ(s.k, 3);
+  EXPECT_EQ(s.head_k, b.k[0]);
+  EXPECT_EQ(make_attention_plan(c, "blocktopk:budget=" + path + ",window=5").at(0).name(), "blocktopk");
+  auto err = [&](const std::string& spec) {
+    return focus::test::error_of([&] { make_attention_plan(c, spec); });
+  };
+  EXPECT_NE(err("blocktopk:budget=" + path + ",k=3").find("not both"), std::string::npos);
+  EXPECT_NE(err("blocktopk:budget=" + path + ",window=6").find("differs"), std::string::npos);
+  b.k = {{1, 2, 3}};
+  const std::string three = temp_file("three.json");
+  save_block_budget(three, b);
+  EXPECT_NE(err("blocktopk:budget=" + three).find("3 head budgets"), std::string::npos);
+  b.k = {{1, 2, 3, 4}, {1, 2, 3, 4}};
+  const std::string two = temp_file("two.json");
+  save_block_budget(two, b);
+  EXPECT_NE(err("blocktopk:budget=" + two).find("2 layers"), std::string::npos);
+  const std::vector<std::pair<std::string, std::string>> bad = {
+      {"{", "invalid JSON"},
+      {"{\"format\": \"focus-router\"}", "not a block budget file"},
+      {"{\"format\": \"focus-block-budget\", \"block\": 4, \"window\": 5, \"sinks\": 1}", "missing field 'k'"},
+      {"{\"format\": \"focus-block-budget\", \"block\": 4, \"window\": 5, \"sinks\": 1, \"k\": [[1, -2, 0, 0]]}",
+       "out of range"},
+      {"{\"format\": \"focus-block-budget\", \"block\": 0, \"window\": 5, \"sinks\": 1, \"k\": [[1, 2, 0, 0]]}",
+       "'block' out of range"},
+      {"{\"format\": \"focus-block-budget\", \"block\": 4, \"window\": 5, \"sinks\": 1, \"k\": [1, 2]}",
+       "per-layer lists"},
+      {"{\"format\": \"focus-block-budget\", \"block\": 4.5, \"window\": 5, \"sinks\": 1, \"k\": [[1, 2, 0, 0]]}",
+       "must be an integer"}};
+  const std::string badp = temp_file("bad.json");
+  for (const auto& [text, word] : bad) {
+    std::ofstream(badp) << text;
+    const std::string e = err("blocktopk:budget=" + badp);
+    EXPECT_NE(e.find(badp), std::string::npos) << e;
+    EXPECT_NE(e.find(word), std::string::npos) << e;
+  }
+  EXPECT_NE(err("blocktopk:budget=" + temp_file("absent.json")).find("absent.json"), std::string::npos);
+}

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
+#include <functional>
 #include <vector>
 
 #include "core/error.h"
@@ -248,6 +249,84 @@ TEST(AsymmetricRouting, HybridBlocksDecodeLikePrefillAndAreCausal) {
   bad.topk = 1;
   bad.blocks = 2;
   EXPECT_THROW(focus_init(m->cfg, bad, 8), Error);
+}
+
+// Per-head block budgets in the hybrid: every head at 2 is the uniform pattern of 2 bit for bit;
+// uneven budgets decode as one call computes them, read fewer pairs where heads get fewer blocks,
+// and survive focus.json; a budget of the wrong shape is refused naming the file.
+TEST(AsymmetricRouting, HybridBlockBudgetsPerHead) {
+  auto m = random_model(Arch::Llama, 16);
+  const ModelConfig& c = m->cfg;
+  const int64_t n = 60, D = c.dim;
+  const std::vector<int32_t> ids = window_of(n, c.vocab, 11).ids;
+  FocusSettings s = asym_settings(4, 1, 3);
+  s.per_kv_head = true;
+  FocusRouters uniform = focus_init(c, s, 8);
+  uniform.settings.blocks = 2;
+  uniform.settings.block_size = 4;
+  auto run = [&](const FocusRouters& f, double* density) {
+    const AttentionPlan plan = focus_plan(c, f);
+    AttentionStats st;
+    const auto out = hidden_of(*m, ids, &plan, &st);
+    *density = st.density();
+    return out;
+  };
+  auto budgets = [&](std::function<int64_t(int64_t, int64_t)> k) {
+    std::vector<std::vector<int64_t>> b(c.layers);
+    for (int64_t l = 0; l < c.layers; ++l)
+      for (int64_t h = 0; h < c.heads; ++h) b[l].push_back(k(l, h));
+    return b;
+  };
+  double d_uniform = 0, d_twos = 0, d_uneven = 0;
+  const auto out_uniform = run(uniform, &d_uniform);
+  FocusRouters twos = uniform;
+  set_block_budget(twos, c, budgets([](int64_t, int64_t) { return 2; }), "test");
+  EXPECT_EQ(twos.settings.blocks, 2);
+  EXPECT_EQ(max_abs_diff(run(twos, &d_twos), out_uniform), 0.0);
+  EXPECT_EQ(d_twos, d_uniform);
+  FocusRouters uneven = uniform;
+  set_block_budget(uneven, c, budgets([](int64_t l, int64_t h) { return (l + h) % 3 == 0 ? 0 : (l + h) % 3 == 1 ? 1 : 5; }),
+                   "test");
+  EXPECT_EQ(uneven.settings.blocks, 5);
+  const auto full = run(uneven, &d_uneven);
+  EXPECT_GT(max_abs_diff(full, out_uniform), 1e-4);  // other blocks were read
+  FocusRouters fives = uniform;
+  fives.settings.blocks = 5;
+  double d_fives = 0;
+  run(fives, &d_fives);
+  EXPECT_LT(d_uneven, d_fives - 1e-3);  // the heads given 0 or 1 read fewer than 5
+  FocusRouters zeros = uniform;
+  double d_zeros = 0;
+  set_block_budget(zeros, c, budgets([](int64_t, int64_t) { return 0; }), "test");
+  run(zeros, &d_zeros);
+  EXPECT_LT(d_zeros, d_uniform);
+  const AttentionPlan plan = focus_plan(c, uneven);
+  EXPECT_EQ(plan.at(0).name(), "focus-hybrid");
+  EXPECT_LT(max_abs_diff(test::hidden_decoded(*m, ids, &plan, 30, 22), full), 1e-5);
+  const std::vector<int32_t> prefix(ids.begin(), ids.begin() + 41);
+  EXPECT_LT(max_abs_diff(hidden_of(*m, prefix, &plan), full, 0, 41 * D), 1e-5);
+
+  const std::string dir = (std::filesystem::temp_directory_path() / "focus_test_budget_routers").string();
+  save_focus(uneven, dir, c, "random");
+  const FocusRouters g = load_focus(dir, c);
+  EXPECT_EQ(g.block_budget, uneven.block_budget);
+  EXPECT_EQ(g.settings.blocks, 5);
+  double d_loaded = 0;
+  EXPECT_EQ(max_abs_diff(run(g, &d_loaded), full), 0.0);
+  {  // a budget list of the wrong length in focus.json is refused, naming the file
+    std::string text = read_file(dir + "/focus.json");
+    const size_t at = text.find("\"block_budget\": [");
+    ASSERT_NE(at, std::string::npos);
+    const size_t open = text.find('[', text.find('[', at) + 1);
+    text.insert(open + 1, "7,");
+    io::write_file_atomic(dir + "/focus.json", text);
+    const std::string e = test::error_of([&] { load_focus(dir, c); });
+    EXPECT_NE(e.find("focus.json"), std::string::npos) << e;
+    EXPECT_NE(e.find("block budgets"), std::string::npos) << e;
+  }
+  std::vector<std::vector<int64_t>> short_list(c.layers - 1, std::vector<int64_t>(c.heads, 1));
+  EXPECT_NE(test::error_of([&] { set_block_budget(uneven, c, short_list, "b.json"); }).find("b.json"),
+            std::string::npos);
 }
 
 // Sparse training (retrofit --objective sparse) runs the pattern inference runs: its loss is the

@@ -19,33 +19,35 @@ struct BudgetFlags {
   std::vector<std::string> texts;
   std::string out;
   int64_t ctx = 4096, max_tokens = 0, block = 8, window = 64, sinks = 1, k_max = 0;
-  double mean_k = 0;
+  std::vector<double> mean_k;
 };
 
-int run_budget(const BudgetFlags& f) {
-  FOCUS_CHECK(f.mean_k > 0, "budget: --mean-k must be above 0, got ", f.mean_k);
-  const int64_t k_max = f.k_max > 0 ? f.k_max : std::max<int64_t>(1, (int64_t)std::ceil(4 * f.mean_k));
-  FOCUS_CHECK(k_max >= f.mean_k, "budget: --max-k ", k_max, " is below --mean-k ", f.mean_k);
-  const Loaded l = f.s.load();
-  const Model& m = *l.model;
-  const std::vector<int32_t> ids = io::load_text_tokens(*m.tok, f.texts, f.max_tokens);
-  install_interrupt_handler();
-  const BlockMassCurves cv = measure_block_mass(m, ids, f.ctx, f.block, f.window, f.sinks, k_max, true);
-  FOCUS_CHECK(!interrupted(), "budget: interrupted before the calibration finished; nothing written");
+// "{k}" in the output path becomes the mean k (as written on the command line's terms: 96, 96.5).
+std::string out_path(const std::string& pattern, double mean_k) {
+  const size_t at = pattern.find("{k}");
+  if (at == std::string::npos) return pattern;
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%g", mean_k);
+  return pattern.substr(0, at) + buf + pattern.substr(at + 3);
+}
+
+// Writes the budgets of one mean k and prints what they miss against uniform k, per layer.
+nlohmann::json write_budget(const BudgetFlags& f, const BlockMassCurves& cv, double mean_k, size_t tokens) {
   BlockBudget b;
   b.block = f.block;
   b.window = f.window;
   b.sinks = f.sinks;
   b.ctx = f.ctx;
-  b.mean_k = f.mean_k;
-  b.k = allocate_block_budget(cv, f.mean_k);
+  b.mean_k = mean_k;
+  b.k = allocate_block_budget(cv, mean_k);
+  const std::string out = out_path(f.out, mean_k);
   // Per layer, per row and head: the far probability, and what uniform k and the budgets miss.
-  const int64_t H = cv.heads, ku = std::min<int64_t>(k_max, (int64_t)std::llround(f.mean_k));
+  const int64_t H = cv.heads, ku = std::min<int64_t>(cv.k_max, (int64_t)std::llround(mean_k));
   double all_far = 0, all_uniform = 0, all_budget = 0;
   int64_t all_rows = 0;
-  std::printf("block %lld, window %lld, sinks %lld, mean k %.2f (k_max %lld), ctx %lld, %zu tokens\n",
-              (long long)f.block, (long long)f.window, (long long)f.sinks, f.mean_k, (long long)k_max,
-              (long long)f.ctx, ids.size());
+  std::printf("\nblock %lld, window %lld, sinks %lld, mean k %g (k_max %lld), ctx %lld, %zu tokens\n",
+              (long long)f.block, (long long)f.window, (long long)f.sinks, mean_k, (long long)cv.k_max,
+              (long long)f.ctx, tokens);
   std::printf("layer | far prob | missed, k=%lld each | missed, budgets | k per head\n", (long long)ku);
   b.layer_missed.assign(cv.layers, 0.0);
   b.layer_far.assign(cv.layers, 0.0);
@@ -70,15 +72,33 @@ int run_budget(const BudgetFlags& f) {
   }
   const double per = 1.0 / std::max<double>(1, (double)all_rows);
   std::printf("all   | %8.4f | %18.4f | %15.4f |\n", all_far * per, all_uniform * per, all_budget * per);
-  save_block_budget(f.out, b);
-  std::printf("wrote %s (use: --attention blocktopk:budget=%s)\n", f.out.c_str(), f.out.c_str());
-  if (f.s.as_json)
-    std::cout << nlohmann::json{{"out", f.out},           {"block", f.block},         {"window", f.window},
-                                {"sinks", f.sinks},       {"ctx", f.ctx},             {"mean_k", f.mean_k},
-                                {"k_max", k_max},         {"far", all_far * per},     {"missed_uniform", all_uniform * per},
-                                {"missed_budget", all_budget * per}, {"tokens", ids.size()}}
-                     .dump()
-              << "\n";
+  save_block_budget(out, b);
+  std::printf("wrote %s (use: --attention blocktopk:budget=%s)\n", out.c_str(), out.c_str());
+  return {{"out", out},       {"block", f.block},         {"window", f.window},
+          {"sinks", f.sinks}, {"ctx", f.ctx},             {"mean_k", mean_k},
+          {"k_max", cv.k_max}, {"far", all_far * per},    {"missed_uniform", all_uniform * per},
+          {"missed_budget", all_budget * per}, {"tokens", tokens}};
+}
+
+int run_budget(const BudgetFlags& f) {
+  double top = 0;
+  for (double k : f.mean_k) {
+    FOCUS_CHECK(k > 0, "budget: --mean-k must be above 0, got ", k);
+    top = std::max(top, k);
+  }
+  FOCUS_CHECK(f.mean_k.size() == 1 || f.out.find("{k}") != std::string::npos,
+              "budget: with several --mean-k values, --out must hold {k} (e.g. budget_k{k}.json)");
+  const int64_t k_max = f.k_max > 0 ? f.k_max : std::max<int64_t>(1, (int64_t)std::ceil(4 * top));
+  FOCUS_CHECK(k_max >= top, "budget: --max-k ", k_max, " is below --mean-k ", top);
+  const Loaded l = f.s.load();
+  const Model& m = *l.model;
+  const std::vector<int32_t> ids = io::load_text_tokens(*m.tok, f.texts, f.max_tokens);
+  install_interrupt_handler();
+  const BlockMassCurves cv = measure_block_mass(m, ids, f.ctx, f.block, f.window, f.sinks, k_max, true);
+  FOCUS_CHECK(!interrupted(), "budget: interrupted before the calibration finished; nothing written");
+  nlohmann::json all = nlohmann::json::array();
+  for (double k : f.mean_k) all.push_back(write_budget(f, cv, k, ids.size()));
+  if (f.s.as_json) std::cout << (all.size() == 1 ? all[0] : nlohmann::json{{"budgets", all}}).dump() << "\n";
   return 0;
 }
 
@@ -91,8 +111,11 @@ Command add_budget(CLI::App& app) {
       "per-head block budgets for block top-k attention (--attention blocktopk:budget=FILE), measured on text");
   f->s.add_model(sub);
   sub->add_option("--text", f->texts, "calibration text files (keep them apart from the evaluation's)")->required();
-  sub->add_option("--out", f->out, "budget file to write (JSON)")->required();
-  sub->add_option("--mean-k", f->mean_k, "blocks per query head on average over the routed layers")->required();
+  sub->add_option("--out", f->out, "budget file to write (JSON); {k} in it becomes the mean k")->required();
+  sub->add_option("--mean-k", f->mean_k,
+                  "blocks per query head on average over the routed layers (several: one file each, one calibration)")
+      ->required()
+      ->delimiter(',');
   sub->add_option("--max-k", f->k_max, "most blocks one head may get (default: 4 x mean k)");
   sub->add_option("--block-size", f->block, "keys per block");
   sub->add_option("--window", f->window, "local window every query sees");

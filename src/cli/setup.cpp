@@ -3,6 +3,7 @@
 #include <cstdio>
 
 #include "core/error.h"
+#include "focus/block_budget.h"
 #include "kernels/cpu/ops.h"
 #include "train/lora.h"
 
@@ -27,6 +28,9 @@ void FocusFlags::add(CLI::App* app) {
                   "asymmetric routers, the hybrid pattern: each query head also reads the block of its last far "
                   "key and this many more positional blocks, those with the largest bound of q.k (0: groups only)");
   app->add_option("--block-size", block_size, "positional blocks of the hybrid pattern: keys per block (default 64)");
+  app->add_option("--block-budget", block_budget,
+                  "asymmetric routers, the hybrid pattern with each head's own number of blocks: a budget file of "
+                  "`focus budget` (it sets the block size; its window and sinks must be the routers')");
   app->add_option("--window", window, "Focus local window (default 64)");
   app->add_option("--sinks", sinks, "sink tokens visible to all (default 1)");
   app->add_option("--groups", groups, "groups G for a random router");
@@ -39,7 +43,7 @@ void FocusFlags::check() const {
   if (dir.empty()) {
     for (const char* f : {"--mode", "--topk", "--window", "--sinks", "--groups", "--dg", "--tau", "--router-seed",
                           "--routing", "--key-capacity", "--window-only-below", "--dense-above",
-                          "--topk-by-mass", "--topp", "--blocks", "--block-size"})
+                          "--topk-by-mass", "--topp", "--blocks", "--block-size", "--block-budget"})
       FOCUS_CHECK(!given(f), f, " needs --focus DIR (or --focus random)");
   } else if (dir != "random") {
     for (const char* f : {"--groups", "--dg", "--tau", "--router-seed", "--routing"})
@@ -89,6 +93,17 @@ std::unique_ptr<FocusRouters> FocusFlags::make(const Model& m) const {
     FOCUS_CHECK(f->settings.blocks > 0, "--block-size applies to the hybrid pattern: give --blocks K too");
     f->settings.block_size = block_size;
   }
+  if (!block_budget.empty()) {
+    FOCUS_CHECK(blocks < 0 && block_size < 0,
+                "--block-budget sets each head's blocks and their size: drop --blocks and --block-size");
+    FOCUS_CHECK(f->settings.asymmetric, "--block-budget needs asymmetric routers");
+    const BlockBudget b = load_block_budget(block_budget);
+    FOCUS_CHECK(b.window == f->settings.local_window && b.sinks == f->settings.sinks, block_budget,
+                ": measured with window ", b.window, " and sinks ", b.sinks, ", but the routers run window ",
+                f->settings.local_window, " and sinks ", f->settings.sinks, " (give --window and --sinks to match)");
+    f->settings.block_size = b.block;
+    set_block_budget(*f, m.cfg, b.k, block_budget);
+  }
   FOCUS_CHECK(f->settings.local_window >= 1, "--window must be >= 1");
   FOCUS_CHECK(f->settings.topk >= 1 && (f->settings.asymmetric || f->settings.topk <= 2) &&
                   f->settings.topk <= f->settings.groups,
@@ -99,6 +114,22 @@ std::unique_ptr<FocusRouters> FocusFlags::make(const Model& m) const {
   return f;
 }
 
+namespace {
+// The mean of the per-head block budgets of the layers that have them, as "96.0".
+std::string mean_budget(const std::vector<std::vector<int64_t>>& k) {
+  double sum = 0;
+  int64_t n = 0;
+  for (const auto& kl : k)
+    for (int64_t x : kl) {
+      sum += (double)x;
+      ++n;
+    }
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.1f", n ? sum / (double)n : 0.0);
+  return buf;
+}
+}  // namespace
+
 std::string describe_focus(const FocusRouters* f) {
   if (!f) return "off";
   const FocusSettings& s = f->settings;
@@ -107,7 +138,9 @@ std::string describe_focus(const FocusRouters* f) {
          (s.mode == FocusMode::Hard ? ", top-" + std::to_string(s.topk) : "") +
          (s.mode == FocusMode::Hard && s.topp > 0 ? ", top-p " + std::to_string(s.topp) : "") +
          (s.mode == FocusMode::Hard && s.blocks > 0
-              ? ", blocks 1+" + std::to_string(s.blocks) + " of " + std::to_string(s.block_size)
+              ? (f->block_budget.empty() ? ", blocks 1+" + std::to_string(s.blocks)
+                                         : ", blocks 1+" + mean_budget(f->block_budget) + " per head on average") +
+                    " of " + std::to_string(s.block_size)
               : "") +
          ", " +
          std::to_string(f->routers.size()) + " routers)";

@@ -31,6 +31,7 @@ struct FocusFlags {
   float key_capacity = -1.f, window_only_below = -1.f, dense_above = -1.f, topp = -1.f;
   bool topk_by_mass = false;
   int64_t blocks = -1, block_size = -1;
+  std::string block_budget;  // --block-budget FILE
   uint64_t seed = 1;
   void add(CLI::App* app);
   // Error naming the flag when a router flag is given without --focus, or a flag of random

@@ -388,6 +388,8 @@ class AsymmetricFocusAttention final : public AttentionPolicy {
       BlockTopKSettings bs;
       bs.block = fs_.block_size;
       bs.k = fs_.blocks;
+      bs.head_k = fs_.block_head_k;
+      if (!bs.head_k.empty()) bs.k = *std::max_element(bs.head_k.begin(), bs.head_k.end());
       bs.window = fs_.local_window;
       bs.sinks = fs_.sinks;
       routing.kb = block_topk_select(a, *ks->blocks, bs, qb);
@@ -452,6 +454,7 @@ AttentionPlan make_plan(const ModelConfig& c, const FocusRouters& f, FocusMode m
     else if (fs.asymmetric) {
       FocusSettings fl = fs;
       fl.topk = f.layer_topk(r);
+      if (!f.block_budget.empty()) fl.block_head_k = f.block_budget[l];
       plan.layers[l] = std::make_shared<AsymmetricFocusAttention>(fl, &f.routers[r], f.routers_per_layer,
                                                                   grads ? &(*grads)[r] : nullptr, r, hook);
     }

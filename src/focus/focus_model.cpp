@@ -187,6 +187,7 @@ void save_focus(const FocusRouters& f, const std::string& dir, const ModelConfig
     j["block_size"] = s.block_size;
   }
   if (!f.far_mass.empty()) j["far_mass"] = f.far_mass;
+  if (!f.block_budget.empty()) j["block_budget"] = f.block_budget;
   if (s.window_only_below > 0) j["window_only_below"] = s.window_only_below;
   if (s.dense_above < 1) j["dense_above"] = s.dense_above;
   io::write_file_atomic((fs::path(dir) / "focus.json").string(), j.dump(2) + "\n");
@@ -319,7 +320,41 @@ FocusRouters load_focus(const std::string& dir, const ModelConfig& c) {
                 " entries for ", f.routers.size(), " routers");
     for (float x : f.far_mass) FOCUS_CHECK(std::isfinite(x) && x >= 0 && x <= 1.001f, jp, ": far_mass ", x, " is not in [0, 1]");
   }
+  if (j.contains("block_budget")) {
+    std::vector<std::vector<int64_t>> k;
+    FOCUS_CHECK(j["block_budget"].is_array(), jp, ": 'block_budget' must be an array of per-layer lists");
+    for (const auto& kl : j["block_budget"]) {
+      FOCUS_CHECK(kl.is_array(), jp, ": 'block_budget' must be an array of per-layer lists of integers");
+      std::vector<int64_t> v;
+      for (const auto& x : kl) {
+        FOCUS_CHECK(x.is_number_integer(), jp, ": 'block_budget' holds ", x.dump(), ", not an integer");
+        v.push_back(x.get<int64_t>());
+      }
+      k.push_back(std::move(v));
+    }
+    set_block_budget(f, c, std::move(k), jp);
+  }
   return f;
+}
+
+void set_block_budget(FocusRouters& f, const ModelConfig& c, std::vector<std::vector<int64_t>> k,
+                      const std::string& where) {
+  FOCUS_CHECK(f.settings.asymmetric, where, ": block budgets need asymmetric routers");
+  FOCUS_CHECK((int64_t)k.size() == c.layers, where, ": block budgets for ", k.size(), " layers, the model has ",
+              c.layers);
+  int64_t top = 0;
+  for (int64_t l = 0; l < c.layers; ++l) {
+    const bool routed = l < (int64_t)f.router_of_layer.size() && f.router_of_layer[l] >= 0;
+    FOCUS_CHECK(k[l].empty() || (int64_t)k[l].size() == c.heads, where, ": layer ", l, " has ", k[l].size(),
+                " block budgets, the model has ", c.heads, " heads");
+    FOCUS_CHECK(!routed || !k[l].empty(), where, ": routed layer ", l, " has no block budget");
+    for (int64_t x : k[l]) {
+      FOCUS_CHECK(x >= 0 && x <= (1 << 20), where, ": block budget ", x, " of layer ", l, " is out of range");
+      top = std::max(top, x);
+    }
+  }
+  f.block_budget = std::move(k);
+  f.settings.blocks = top;
 }
 
 }  // namespace focus

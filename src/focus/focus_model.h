@@ -64,6 +64,9 @@ struct FocusSettings {
   // the recent-but-not-local attention that content groups miss. 0: groups only.
   int64_t blocks = 0;
   int64_t block_size = 64;
+  // Per query head of one layer, its own number of blocks in place of `blocks` (set per layer
+  // from FocusRouters::block_budget when the plan is made; empty: every head reads `blocks`).
+  std::vector<int64_t> block_head_k;
 };
 
 struct FocusRouters {
@@ -75,6 +78,10 @@ struct FocusRouters {
   // Per router: the frozen model's mean attention mass beyond the local window (measured while
   // training by distillation; empty when unknown).
   std::vector<float> far_mass;
+  // The hybrid pattern with per-head block budgets (focus/block_budget.h; focus.json
+  // "block_budget"): [model layer][query head], empty for layers without; settings.blocks is then
+  // the largest.
+  std::vector<std::vector<int64_t>> block_budget;
   int64_t n_params() const;
   // The mean far mass of the routers of the layer whose first router is r (-1: not measured).
   float layer_far_mass(int64_t r) const;
@@ -91,6 +98,12 @@ struct FocusRouters {
     return settings.dense_above < 1 && m >= 0 && m > settings.dense_above;
   }
 };
+
+// Gives f the hybrid pattern's per-head block budgets k ([model layer][query head], empty for a
+// layer without; every routed global layer needs one) and sets settings.blocks to their largest.
+// Errors name `where` (a file) and the problem.
+void set_block_budget(FocusRouters& f, const ModelConfig& c, std::vector<std::vector<int64_t>> k,
+                      const std::string& where);
 
 // The width of the vectors a router of these settings reads (model dim, or head_dim with qk input).
 int64_t router_input_dim(const ModelConfig& c, const FocusSettings& s);

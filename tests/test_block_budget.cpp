@@ -262,3 +262,38 @@ TEST(BlockBudget, FileAndPolicyOption) {
   }
   EXPECT_NE(err("blocktopk:budget=" + temp_file("absent.json")).find("absent.json"), std::string::npos);
 }
+
+// Curves written by `focus budget --curves` load back to the same budgets; other files are refused.
+TEST(BlockBudget, CurvesFileRoundTrip) {
+  ModelConfig c = small_config();
+  c.layers = 2;
+  c.layer_sliding_window = {0, 0};
+  BlockMassCurves cv = empty_curves(c, 8, 64, 1, 6);
+  cv.rows = {37, 0};
+  const auto r = random_normal(cv.missed.size(), 5, 1.f);
+  for (int64_t h = 0; h < c.heads; ++h) {
+    double m = 0;
+    for (int64_t k = 6; k >= 0; --k) {
+      m += std::fabs(r[h * 7 + k]);
+      cv.missed[h * 7 + k] = m;
+    }
+    cv.far[h] = m + 1;
+  }
+  const std::string path = temp_file("curves.safetensors");
+  save_block_curves(path, cv, 8192);
+  int64_t ctx = 0;
+  const BlockMassCurves back = load_block_curves(path, &ctx);
+  EXPECT_EQ(ctx, 8192);
+  EXPECT_EQ(back.block, 8);
+  EXPECT_EQ(back.window, 64);
+  EXPECT_EQ(back.sinks, 1);
+  EXPECT_EQ(back.k_max, 6);
+  EXPECT_EQ(back.rows, cv.rows);
+  for (size_t i = 0; i < cv.missed.size(); ++i) EXPECT_NEAR(back.missed[i], cv.missed[i], 1e-6 * (1 + cv.missed[i]));
+  for (double mean_k : {1.0, 2.5, 4.0}) EXPECT_EQ(allocate_block_budget(back, mean_k), allocate_block_budget(cv, mean_k));
+  BlockBudget b;
+  b.k = {{1, 2, 3, 4}};
+  const std::string other = temp_file("not_curves.json");
+  save_block_budget(other, b);
+  EXPECT_NE(focus::test::error_of([&] { load_block_curves(other, nullptr); }).find(other), std::string::npos);
+}

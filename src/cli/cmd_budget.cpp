@@ -17,7 +17,7 @@ namespace {
 struct BudgetFlags {
   ModelSetup s;
   std::vector<std::string> texts;
-  std::string out;
+  std::string out, curves, from_curves;
   int64_t ctx = 4096, max_tokens = 0, block = 8, window = 64, sinks = 1, k_max = 0;
   std::vector<double> mean_k;
 };
@@ -90,14 +90,33 @@ int run_budget(const BudgetFlags& f) {
               "budget: with several --mean-k values, --out must hold {k} (e.g. budget_k{k}.json)");
   const int64_t k_max = f.k_max > 0 ? f.k_max : std::max<int64_t>(1, (int64_t)std::ceil(4 * top));
   FOCUS_CHECK(k_max >= top, "budget: --max-k ", k_max, " is below --mean-k ", top);
-  const Loaded l = f.s.load();
-  const Model& m = *l.model;
-  const std::vector<int32_t> ids = io::load_text_tokens(*m.tok, f.texts, f.max_tokens);
-  install_interrupt_handler();
-  const BlockMassCurves cv = measure_block_mass(m, ids, f.ctx, f.block, f.window, f.sinks, k_max, true);
-  FOCUS_CHECK(!interrupted(), "budget: interrupted before the calibration finished; nothing written");
+  BlockMassCurves cv;
+  BudgetFlags g = f;  // the settings the budgets are written with: the curves' own when loaded
+  size_t tokens = 0;
+  if (!f.from_curves.empty()) {
+    FOCUS_CHECK(f.s.model.empty() && f.texts.empty(), "budget: --from-curves replaces the calibration: drop --model and --text");
+    cv = load_block_curves(f.from_curves, &g.ctx);
+    g.block = cv.block;
+    g.window = cv.window;
+    g.sinks = cv.sinks;
+    FOCUS_CHECK(cv.k_max >= top, f.from_curves, ": measured up to k ", cv.k_max, ", below --mean-k ", top);
+  } else {
+    FOCUS_CHECK(!f.s.model.empty() && !f.texts.empty(), "budget: give --model and --text (or --from-curves FILE)");
+    const Loaded l = f.s.load();
+    const Model& m = *l.model;
+    const std::vector<int32_t> ids = io::load_text_tokens(*m.tok, f.texts, f.max_tokens);
+    tokens = ids.size();
+    install_interrupt_handler();
+    cv = measure_block_mass(m, ids, f.ctx, f.block, f.window, f.sinks, k_max, true);
+    FOCUS_CHECK(!interrupted(), "budget: interrupted before the calibration finished; nothing written");
+    if (!f.curves.empty()) {
+      save_block_curves(f.curves, cv, f.ctx);
+      std::printf("wrote %s (curves: `focus budget --from-curves %s --mean-k K --out F` makes other budgets)\n",
+                  f.curves.c_str(), f.curves.c_str());
+    }
+  }
   nlohmann::json all = nlohmann::json::array();
-  for (double k : f.mean_k) all.push_back(write_budget(f, cv, k, ids.size()));
+  for (double k : f.mean_k) all.push_back(write_budget(g, cv, k, tokens));
   if (f.s.as_json) std::cout << (all.size() == 1 ? all[0] : nlohmann::json{{"budgets", all}}).dump() << "\n";
   return 0;
 }
@@ -109,8 +128,11 @@ Command add_budget(CLI::App& app) {
   auto* sub = app.add_subcommand(
       "budget",
       "per-head block budgets for block top-k attention (--attention blocktopk:budget=FILE), measured on text");
-  f->s.add_model(sub);
-  sub->add_option("--text", f->texts, "calibration text files (keep them apart from the evaluation's)")->required();
+  f->s.add_model(sub, false);
+  sub->add_option("--text", f->texts, "calibration text files (keep them apart from the evaluation's)");
+  sub->add_option("--curves", f->curves, "also write the measured curves here (safetensors)");
+  sub->add_option("--from-curves", f->from_curves,
+                  "make budgets from curves written by --curves instead of measuring (no --model, --text)");
   sub->add_option("--out", f->out, "budget file to write (JSON); {k} in it becomes the mean k")->required();
   sub->add_option("--mean-k", f->mean_k,
                   "blocks per query head on average over the routed layers (several: one file each, one calibration)")

@@ -10,6 +10,7 @@
 #include "core/error.h"
 #include "core/mapped_file.h"
 #include "eval/perplexity.h"
+#include "io/safetensors.h"
 #include "io/safetensors_writer.h"
 #include "model/attention.h"
 
@@ -190,6 +191,80 @@ std::vector<std::vector<int64_t>> allocate_block_budget(const BlockMassCurves& c
     push(-nl, -nh);
   }
   return k;
+}
+
+void save_block_curves(const std::string& path, const BlockMassCurves& cv, int64_t ctx) {
+  const int64_t L = cv.layers, H = cv.heads, K1 = cv.k_max + 1;
+  // Stored per row (means), so that float32 keeps them exact enough at any number of rows.
+  std::vector<float> missed(L * H * K1), far(L * H), rows(L);
+  for (int64_t l = 0; l < L; ++l) {
+    const double per = cv.rows[l] > 0 ? 1.0 / (double)cv.rows[l] : 0.0;
+    rows[l] = (float)cv.rows[l];
+    for (int64_t h = 0; h < H; ++h) {
+      far[l * H + h] = (float)(cv.far[l * H + h] * per);
+      for (int64_t k = 0; k < K1; ++k) missed[(l * H + h) * K1 + k] = (float)(cv.missed_at(l, h, k) * per);
+    }
+  }
+  io::save_safetensors(path, {{"missed", {{L, H, K1}, missed}}, {"far", {{L, H}, far}}, {"rows", {{L}, rows}}},
+                       {{"format", "focus-block-curves"},
+                        {"block", std::to_string(cv.block)},
+                        {"window", std::to_string(cv.window)},
+                        {"sinks", std::to_string(cv.sinks)},
+                        {"ctx", std::to_string(ctx)}});
+}
+
+BlockMassCurves load_block_curves(const std::string& path, int64_t* ctx) {
+  io::SafetensorsFile f(path);
+  const nlohmann::json& md = f.metadata();
+  FOCUS_CHECK(md.value("format", std::string()) == "focus-block-curves", path,
+              ": not a block curves file (made by `focus budget --curves`)");
+  auto num = [&](const char* key, int64_t min) {
+    const std::string v = md.value(key, std::string());
+    int64_t x = -1;
+    try {
+      size_t used = 0;
+      x = std::stoll(v, &used);
+      FOCUS_CHECK(used == v.size(), path, ": metadata '", key, "' is not an integer: '", v, "'");
+    } catch (const std::logic_error&) {
+      fail(path, ": metadata '", key, "' is missing or not an integer: '", v, "'");
+    }
+    FOCUS_CHECK(x >= min && x < (int64_t{1} << 30), path, ": metadata '", key, "' out of range: ", x);
+    return x;
+  };
+  BlockMassCurves cv;
+  cv.block = num("block", 1);
+  cv.window = num("window", 1);
+  cv.sinks = num("sinks", 0);
+  if (ctx) *ctx = num("ctx", 0);
+  const io::STTensor& m = f.tensor("missed");
+  FOCUS_CHECK(m.shape.size() == 3 && m.shape[0] >= 1 && m.shape[1] >= 1 && m.shape[2] >= 2, path,
+              ": 'missed' must be [layers, heads, k_max + 1]");
+  cv.layers = m.shape[0];
+  cv.heads = m.shape[1];
+  cv.k_max = m.shape[2] - 1;
+  const io::STTensor& fr = f.tensor("far");
+  const io::STTensor& rw = f.tensor("rows");
+  FOCUS_CHECK(fr.shape == std::vector<int64_t>({cv.layers, cv.heads}), path, ": 'far' must be [layers, heads]");
+  FOCUS_CHECK(rw.shape == std::vector<int64_t>({cv.layers}), path, ": 'rows' must be [layers]");
+  const std::vector<float> mv = f.to_float(m), fv = f.to_float(fr), rv = f.to_float(rw);
+  for (float x : mv) FOCUS_CHECK(std::isfinite(x) && x >= 0, path, ": 'missed' holds ", x);
+  for (float x : fv) FOCUS_CHECK(std::isfinite(x) && x >= 0, path, ": 'far' holds ", x);
+  cv.rows.resize(cv.layers);
+  for (int64_t l = 0; l < cv.layers; ++l) {
+    FOCUS_CHECK(std::isfinite(rv[l]) && rv[l] >= 0 && rv[l] < 1e15f, path, ": 'rows' holds ", rv[l]);
+    cv.rows[l] = (int64_t)rv[l];
+  }
+  // Back to sums over rows, as measured.
+  cv.missed.resize(mv.size());
+  cv.far.resize(fv.size());
+  const int64_t K1 = cv.k_max + 1;
+  for (int64_t l = 0; l < cv.layers; ++l)
+    for (int64_t h = 0; h < cv.heads; ++h) {
+      cv.far[l * cv.heads + h] = (double)fv[l * cv.heads + h] * (double)cv.rows[l];
+      for (int64_t k = 0; k < K1; ++k)
+        cv.missed[(l * cv.heads + h) * K1 + k] = (double)mv[(l * cv.heads + h) * K1 + k] * (double)cv.rows[l];
+    }
+  return cv;
 }
 
 void save_block_budget(const std::string& path, const BlockBudget& b) {

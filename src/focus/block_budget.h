@@ -49,6 +49,12 @@ void measure_block_mass_call(const AttentionCall& a, BlockMassCurves& cv);
 // in total): [layers][heads], empty for layers not measured. Each K_h is at most curves.k_max.
 std::vector<std::vector<int64_t>> allocate_block_budget(const BlockMassCurves& curves, double mean_k);
 
+// The curves as a safetensors file (missed [layers, heads, k_max + 1] and far [layers, heads] per
+// row, rows [layers]; block, window, sinks and ctx in its metadata), so that budgets for other
+// means can be made later without measuring again. Load errors name the file.
+void save_block_curves(const std::string& path, const BlockMassCurves& cv, int64_t ctx);
+BlockMassCurves load_block_curves(const std::string& path, int64_t* ctx);
+
 struct BlockBudget {
   int64_t block = 8, window = 64, sinks = 1, ctx = 0;
   double mean_k = 0;

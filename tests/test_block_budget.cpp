@@ -8,12 +8,14 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <map>
 #include <string>
 #include <vector>
 
 #include "core/error.h"
 #include "focus/block_budget.h"
 #include "focus/block_topk.h"
+#include "io/safetensors_writer.h"
 #include "model/attention.h"
 #include "test_models.h"
 #include "test_util.h"
@@ -296,4 +298,63 @@ TEST(BlockBudget, CurvesFileRoundTrip) {
   const std::string other = temp_file("not_curves.json");
   save_block_budget(other, b);
   EXPECT_NE(focus::test::error_of([&] { load_block_curves(other, nullptr); }).find(other), std::string::npos);
+  // Curves files with bad metadata or shapes: errors naming the file and the problem.
+  const std::string bad = temp_file("bad_curves.safetensors");
+  auto write = [&](std::map<std::string, io::F32Tensor> t, std::map<std::string, std::string> md) {
+    io::save_safetensors(bad, t, md);
+    return focus::test::error_of([&] { load_block_curves(bad, nullptr); });
+  };
+  const std::map<std::string, std::string> md = {
+      {"format", "focus-block-curves"}, {"block", "8"}, {"window", "64"}, {"sinks", "1"}, {"ctx", "512"}};
+  const std::map<std::string, io::F32Tensor> ok = {
+      {"missed", {{1, 2, 3}, std::vector<float>(6, 0.5f)}}, {"far", {{1, 2}, {1.f, 1.f}}}, {"rows", {{1}, {4.f}}}};
+  EXPECT_EQ(write(ok, md), "");
+  auto md_with = [&](const std::string& key, const std::string& value) {
+    auto m = md;
+    m[key] = value;
+    return m;
+  };
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {write(ok, md_with("block", "x8")), "'block'"},
+      {write(ok, md_with("window", "0")), "'window' out of range"},
+      {write(ok, md_with("format", "focus-router")), "not a block curves file"},
+      {write({{"missed", {{2, 3}, std::vector<float>(6, 0.5f)}}, {"far", {{1, 2}, {1.f, 1.f}}}, {"rows", {{1}, {4.f}}}}, md),
+       "'missed' must be"},
+      {write({{"missed", {{1, 2, 3}, std::vector<float>(6, 0.5f)}}, {"far", {{2, 1}, {1.f, 1.f}}}, {"rows", {{1}, {4.f}}}}, md),
+       "'far' must be"},
+      {write({{"missed", {{1, 2, 3}, {0.5f, -1.f, 0, 0, 0, 0}}}, {"far", {{1, 2}, {1.f, 1.f}}}, {"rows", {{1}, {4.f}}}}, md),
+       "'missed' holds"}};
+  for (const auto& [e, word] : cases) {
+    EXPECT_NE(e.find(bad), std::string::npos) << e;
+    EXPECT_NE(e.find(word), std::string::npos) << e;
+  }
+}
+
+// On a whole model: every global layer measured (rows beyond the window in every window), the
+// curves falling with K to nothing once every block is read; sliding-window layers skipped.
+TEST(BlockBudget, MeasuresEveryGlobalLayerOfAModel) {
+  auto m = focus::test::random_model(Arch::Llama, 16);
+  const int64_t ctx = 40, B = 4, w = 5, S = 1, KM = 16;
+  const int64_t bos = m->tok && m->tok->bos() >= 0 ? 1 : 0;  // windows of ctx positions, BOS first if any
+  const std::vector<int32_t> ids = focus::test::window_of(2 * (ctx - bos), m->cfg.vocab, 3).ids;
+  const BlockMassCurves cv = measure_block_mass(*m, ids, ctx, B, w, S, KM, false);
+  const ModelConfig& c = m->cfg;
+  int64_t rows = 0;  // per window, rows with a key beyond the window and the sinks
+  for (int64_t p = 0; p < ctx; ++p) rows += p - w >= S;
+  for (int64_t l = 0; l < c.layers; ++l) {
+    EXPECT_EQ(cv.rows[l], 2 * rows) << "layer " << l;
+    for (int64_t h = 0; h < c.heads; ++h) {
+      EXPECT_GT(cv.far[l * c.heads + h], 0.0);
+      EXPECT_LE(cv.missed_at(l, h, 0), cv.far[l * c.heads + h] + 1e-9);
+      for (int64_t k = 1; k <= KM; ++k) EXPECT_LE(cv.missed_at(l, h, k), cv.missed_at(l, h, k - 1) + 1e-12);
+      EXPECT_NEAR(cv.missed_at(l, h, KM), 0.0, 1e-12);  // (ctx - w) / B < KM: every block read
+    }
+  }
+  const auto k = allocate_block_budget(cv, 2.0);
+  int64_t sum = 0;
+  for (const auto& kl : k) {
+    ASSERT_EQ((int64_t)kl.size(), c.heads);
+    for (int64_t x : kl) sum += x;
+  }
+  EXPECT_EQ(sum, 2 * c.layers * c.heads);
 }

@@ -295,11 +295,17 @@ TEST(AsymmetricRouting, HybridBlockBudgetsPerHead) {
   double d_fives = 0;
   run(fives, &d_fives);
   EXPECT_LT(d_uneven, d_fives - 1e-3);  // the heads given 0 or 1 read fewer than 5
+  // Every budget 0: the hybrid still runs, each head reading the block of its last far key only.
   FocusRouters zeros = uniform;
-  double d_zeros = 0;
+  double d_zeros = 0, d_groups = 0;
   set_block_budget(zeros, c, budgets([](int64_t, int64_t) { return 0; }), "test");
+  EXPECT_EQ(focus_plan(c, zeros).at(0).name(), "focus-hybrid");
   run(zeros, &d_zeros);
-  EXPECT_LT(d_zeros, d_uniform);
+  FocusRouters groups_only = uniform;
+  groups_only.settings.blocks = 0;
+  run(groups_only, &d_groups);
+  EXPECT_GT(d_zeros, d_groups + 1e-3);
+  EXPECT_LT(d_zeros, d_uniform - 1e-3);
   const AttentionPlan plan = focus_plan(c, uneven);
   EXPECT_EQ(plan.at(0).name(), "focus-hybrid");
   EXPECT_LT(max_abs_diff(test::hidden_decoded(*m, ids, &plan, 30, 22), full), 1e-5);

@@ -3,6 +3,7 @@
 #include <cmath>
 #include <cstdio>
 #include <iostream>
+#include <set>
 #include <nlohmann/json.hpp>
 
 #include "cli/process.h"
@@ -20,6 +21,7 @@ struct BudgetFlags {
   std::string out, curves, from_curves;
   int64_t ctx = 4096, max_tokens = 0, block = 8, window = 64, sinks = 1, k_max = 0;
   std::vector<double> mean_k;
+  CLI::App* app = nullptr;
 };
 
 // "{k}" in the output path becomes the mean k (as written on the command line's terms: 96, 96.5).
@@ -32,14 +34,14 @@ std::string out_path(const std::string& pattern, double mean_k) {
 }
 
 // Writes the budgets of one mean k and prints what they miss against uniform k, per layer.
-nlohmann::json write_budget(const BudgetFlags& f, const BlockMassCurves& cv, double mean_k, size_t tokens) {
+nlohmann::json write_budget(const BudgetFlags& f, const BlockMassCurves& cv, double mean_k, size_t tokens, int64_t cap) {
   BlockBudget b;
   b.block = f.block;
   b.window = f.window;
   b.sinks = f.sinks;
   b.ctx = f.ctx;
   b.mean_k = mean_k;
-  b.k = allocate_block_budget(cv, mean_k);
+  b.k = allocate_block_budget(cv, mean_k, cap);
   const std::string out = out_path(f.out, mean_k);
   // Per layer, per row and head: the far probability, and what uniform k and the budgets miss.
   const int64_t H = cv.heads, ku = std::min<int64_t>(cv.k_max, (int64_t)std::llround(mean_k));
@@ -82,9 +84,11 @@ nlohmann::json write_budget(const BudgetFlags& f, const BlockMassCurves& cv, dou
 
 int run_budget(const BudgetFlags& f) {
   double top = 0;
+  std::set<std::string> outs;
   for (double k : f.mean_k) {
-    FOCUS_CHECK(k > 0, "budget: --mean-k must be above 0, got ", k);
+    FOCUS_CHECK(std::isfinite(k) && k > 0 && k <= (1 << 20), "budget: --mean-k must be in (0, 2^20], got ", k);
     top = std::max(top, k);
+    FOCUS_CHECK(outs.insert(out_path(f.out, k)).second, "budget: two --mean-k values write ", out_path(f.out, k));
   }
   FOCUS_CHECK(f.mean_k.size() == 1 || f.out.find("{k}") != std::string::npos,
               "budget: with several --mean-k values, --out must hold {k} (e.g. budget_k{k}.json)");
@@ -95,6 +99,8 @@ int run_budget(const BudgetFlags& f) {
   size_t tokens = 0;
   if (!f.from_curves.empty()) {
     FOCUS_CHECK(f.s.model.empty() && f.texts.empty(), "budget: --from-curves replaces the calibration: drop --model and --text");
+    for (const char* flag : {"--block-size", "--window", "--sinks", "--ctx", "--max-tokens", "--curves"})
+      FOCUS_CHECK(f.app->count(flag) == 0, "budget: ", flag, " does not apply with --from-curves (the curves were measured with theirs)");
     cv = load_block_curves(f.from_curves, &g.ctx);
     g.block = cv.block;
     g.window = cv.window;
@@ -116,7 +122,7 @@ int run_budget(const BudgetFlags& f) {
     }
   }
   nlohmann::json all = nlohmann::json::array();
-  for (double k : f.mean_k) all.push_back(write_budget(g, cv, k, tokens));
+  for (double k : f.mean_k) all.push_back(write_budget(g, cv, k, tokens, f.k_max > 0 ? f.k_max : -1));
   if (f.s.as_json) std::cout << (all.size() == 1 ? all[0] : nlohmann::json{{"budgets", all}}).dump() << "\n";
   return 0;
 }
@@ -125,7 +131,7 @@ int run_budget(const BudgetFlags& f) {
 
 Command add_budget(CLI::App& app) {
   auto f = std::make_shared<BudgetFlags>();
-  auto* sub = app.add_subcommand(
+  auto* sub = f->app = app.add_subcommand(
       "budget",
       "per-head block budgets for block top-k attention (--attention blocktopk:budget=FILE), measured on text");
   f->s.add_model(sub, false);

@@ -26,7 +26,8 @@ void FocusFlags::add(CLI::App* app) {
                   "softmax, at most --topk of them (default then: all groups); 0: exactly --topk");
   app->add_option("--blocks", blocks,
                   "asymmetric routers, the hybrid pattern: each query head also reads the block of its last far "
-                  "key and this many more positional blocks, those with the largest bound of q.k (0: groups only)");
+                  "key and this many more positional blocks, those with the largest bound of q.k (0: groups only; "
+                  "replaces a router folder's per-head block budgets)");
   app->add_option("--block-size", block_size, "positional blocks of the hybrid pattern: keys per block (default 64)");
   app->add_option("--block-budget", block_budget,
                   "asymmetric routers, the hybrid pattern with each head's own number of blocks: a budget file of "
@@ -84,6 +85,16 @@ std::unique_ptr<FocusRouters> FocusFlags::make(const Model& m) const {
     f->settings.topp = topp;
     if (topp > 0 && !topk) f->settings.topk = (int)f->settings.groups;
   }
+  if (!f->block_budget.empty() && block_budget.empty()) {
+    // The folder's per-head budgets were measured at its window, sinks and block size.
+    FOCUS_CHECK(block_size < 0 || blocks >= 0, dir,
+                " holds per-head block budgets measured with blocks of ", f->settings.block_size,
+                "; --block-size needs --blocks K too (uniform blocks in their place)");
+    FOCUS_CHECK(blocks >= 0 || (window < 0 && sinks < 0), dir,
+                " holds per-head block budgets measured with its window and sinks; give --blocks K (uniform blocks "
+                "in their place) or --block-budget with a budget measured at the new window");
+    if (blocks >= 0) f->block_budget.clear();  // uniform blocks replace them
+  }
   if (blocks >= 0) {
     FOCUS_CHECK(blocks == 0 || f->settings.asymmetric, "--blocks needs asymmetric routers");
     f->settings.blocks = blocks;
@@ -102,6 +113,7 @@ std::unique_ptr<FocusRouters> FocusFlags::make(const Model& m) const {
                 ": measured with window ", b.window, " and sinks ", b.sinks, ", but the routers run window ",
                 f->settings.local_window, " and sinks ", f->settings.sinks, " (give --window and --sinks to match)");
     f->settings.block_size = b.block;
+    f->block_budget.clear();
     set_block_budget(*f, m.cfg, b.k, block_budget);
   }
   FOCUS_CHECK(f->settings.local_window >= 1, "--window must be >= 1");

@@ -10,6 +10,7 @@
 #include "core/error.h"
 #include "core/mapped_file.h"
 #include "eval/perplexity.h"
+#include "focus/block_topk.h"
 #include "io/safetensors.h"
 #include "io/safetensors_writer.h"
 #include "model/attention.h"
@@ -40,17 +41,13 @@ void measure_block_mass_call(const AttentionCall& a, BlockMassCurves& cv) {
   const int64_t n = a.pos0 + a.T, H = c.heads, kvh_n = c.kv_heads, hpk = H / kvh_n, hd = c.head_dim;
   const int64_t kvd = c.kv_dim(), B = cv.block, w = cv.window, S = cv.sinks, KM = cv.k_max;
   const float scale = layer_attn_shape(c, a.layer, a.pos0, a.T).scale;
-  // Bounds of the complete blocks, [block, kv head, dim].
-  const int64_t nbk = n / B;
-  std::vector<float> kmn(nbk * kvd, std::numeric_limits<float>::infinity());
-  std::vector<float> kmx(nbk * kvd, -std::numeric_limits<float>::infinity());
-  for (int64_t b = 0; b < nbk; ++b)
-    for (int64_t j = b * B; j < (b + 1) * B; ++j)
-      for (int64_t d = 0; d < kvd; ++d) {
-        const float x = a.k[j * kvd + d];
-        kmn[b * kvd + d] = std::min(kmn[b * kvd + d], x);
-        kmx[b * kvd + d] = std::max(kmx[b * kvd + d], x);
-      }
+  // Bounds of the complete blocks, made as the block top-k policy makes them.
+  BlockTopKState st;
+  st.block = B;
+  st.kv_heads = kvh_n;
+  st.head_dim = hd;
+  st.index.reset(1, 1);
+  st.append(cpu::KvView(a.k), kvd, n);
   const int64_t lo = S / B;
   std::vector<double> miss(H * (KM + 1), 0.0), far(H, 0.0);
   int64_t rows = 0;
@@ -96,17 +93,12 @@ void measure_block_mass_call(const AttentionCall& a, BlockMassCurves& cv) {
         const int64_t at0 = (h / hpk) * hd;
         for (int64_t b = lo; b < cur; ++b) {
           bm[b - lo] = mass(b * B, (b + 1) * B);
-          const float* mn = kmn.data() + b * kvd + at0;
-          const float* mxb = kmx.data() + b * kvd + at0;
-          float bound = 0.f;
-          for (int64_t d = 0; d < hd; ++d) bound += std::max(q[d] * mxb[d], q[d] * mn[d]);
-          cand[b - lo] = {bound, (int32_t)b};
+          const int64_t at = b * kvd + at0;
+          cand[b - lo] = {block_bound(q, st.kmin.data() + at, st.kmax.data() + at, hd), (int32_t)b};
         }
-        // The order block top-k chooses in: larger bound first, ties to the lower block.
+        // The order block top-k chooses in.
         const int64_t kk = std::min(KM, nb);
-        std::partial_sort(cand.begin(), cand.begin() + kk, cand.end(), [](const auto& x, const auto& y) {
-          return x.first > y.first || (x.first == y.first && x.second < y.second);
-        });
+        std::partial_sort(cand.begin(), cand.begin() + kk, cand.end(), block_ranks_before);
         double left = std::max(0.0, F - mcur);
         double* mrow = miss_t.data() + h * (KM + 1);
         mrow[0] += left;
@@ -162,8 +154,10 @@ BlockMassCurves measure_block_mass(const Model& m, const std::vector<int32_t>& i
   return cv;
 }
 
-std::vector<std::vector<int64_t>> allocate_block_budget(const BlockMassCurves& cv, double mean_k) {
-  FOCUS_CHECK(mean_k >= 0, "block budget: the mean k must be at least 0, got ", mean_k);
+std::vector<std::vector<int64_t>> allocate_block_budget(const BlockMassCurves& cv, double mean_k, int64_t cap) {
+  FOCUS_CHECK(std::isfinite(mean_k) && mean_k >= 0 && mean_k <= (1 << 20),
+              "block budget: the mean k must be in [0, 2^20], got ", mean_k);
+  const int64_t top = cap >= 0 ? std::min(cap, cv.k_max) : cv.k_max;
   std::vector<std::vector<int64_t>> k(cv.layers);
   int64_t measured = 0;
   for (int64_t l = 0; l < cv.layers; ++l)
@@ -172,14 +166,14 @@ std::vector<std::vector<int64_t>> allocate_block_budget(const BlockMassCurves& c
       measured += cv.heads;
     }
   FOCUS_CHECK(measured > 0, "block budget: no layer had a row with keys beyond the window (text too short?)");
-  int64_t total = (int64_t)std::floor(mean_k * (double)measured + 1e-9);
-  total = std::min(total, measured * cv.k_max);
+  const int64_t total =
+      (int64_t)std::min(std::floor(mean_k * (double)measured + 1e-9), (double)measured * (double)top);
   // Greedy: each block to the head whose missed mass falls most by it (ties to the lower layer, head).
   using Item = std::tuple<double, int64_t, int64_t>;  // gain, -layer, -head
   std::priority_queue<Item> pq;
   auto push = [&](int64_t l, int64_t h) {
     const int64_t kk = k[l][h];
-    if (kk >= cv.k_max) return;
+    if (kk >= top) return;
     pq.emplace(cv.missed_at(l, h, kk) - cv.missed_at(l, h, kk + 1), -l, -h);
   };
   for (int64_t l = 0; l < cv.layers; ++l)
@@ -303,14 +297,26 @@ BlockBudget load_block_budget(const std::string& path) {
   b.sinks = int_of(j["sinks"], "sinks", 0);
   if (j.contains("ctx")) b.ctx = int_of(j["ctx"], "ctx", 0);
   if (j.contains("mean_k") && j["mean_k"].is_number()) b.mean_k = j["mean_k"].get<double>();
-  FOCUS_CHECK(j["k"].is_array(), path, ": 'k' must be an array of per-layer lists");
-  for (const auto& kl : j["k"]) {
-    FOCUS_CHECK(kl.is_array(), path, ": 'k' must be an array of per-layer lists of integers");
-    std::vector<int64_t> v;
-    for (const auto& x : kl) v.push_back(int_of(x, "k", 0));
-    b.k.push_back(std::move(v));
-  }
+  b.k = per_layer_counts(j["k"], path, "k");
   return b;
+}
+
+std::vector<std::vector<int64_t>> per_layer_counts(const nlohmann::json& v, const std::string& path,
+                                                   const std::string& key) {
+  FOCUS_CHECK(v.is_array(), path, ": '", key, "' must be an array of per-layer lists");
+  std::vector<std::vector<int64_t>> out;
+  for (const auto& kl : v) {
+    FOCUS_CHECK(kl.is_array(), path, ": '", key, "' must be an array of per-layer lists of integers");
+    std::vector<int64_t> row;
+    for (const auto& x : kl) {
+      FOCUS_CHECK(x.is_number_integer(), path, ": '", key, "' holds ", x.dump(), ", not an integer");
+      const int64_t n = x.get<int64_t>();
+      FOCUS_CHECK(n >= 0 && n <= (1 << 20), path, ": '", key, "' holds ", n, ", out of range [0, 2^20]");
+      row.push_back(n);
+    }
+    out.push_back(std::move(row));
+  }
+  return out;
 }
 
 }  // namespace focus

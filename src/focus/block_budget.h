@@ -18,6 +18,7 @@
 #pragma once
 #include <cstdint>
 #include <string>
+#include <nlohmann/json.hpp>
 #include <vector>
 
 #include "model/model.h"
@@ -46,8 +47,10 @@ BlockMassCurves measure_block_mass(const Model& m, const std::vector<int32_t>& i
 void measure_block_mass_call(const AttentionCall& a, BlockMassCurves& cv);
 
 // Budgets with mean_k blocks per measured (layer, head) on average (rounded down to whole blocks
-// in total): [layers][heads], empty for layers not measured. Each K_h is at most curves.k_max.
-std::vector<std::vector<int64_t>> allocate_block_budget(const BlockMassCurves& curves, double mean_k);
+// in total): [layers][heads], empty for layers not measured. Each K_h is at most curves.k_max
+// (and cap, when cap >= 0). mean_k must be finite, in [0, 2^20].
+std::vector<std::vector<int64_t>> allocate_block_budget(const BlockMassCurves& curves, double mean_k,
+                                                        int64_t cap = -1);
 
 // The curves as a safetensors file (missed [layers, heads, k_max + 1] and far [layers, heads] per
 // row, rows [layers]; block, window, sinks and ctx in its metadata), so that budgets for other
@@ -66,5 +69,10 @@ struct BlockBudget {
 void save_block_budget(const std::string& path, const BlockBudget& b);
 // Errors name the file: not a budget file, malformed fields, negative budgets.
 BlockBudget load_block_budget(const std::string& path);
+
+// A JSON array of per-layer lists of counts in [0, 2^20] (budget files, focus.json
+// "block_budget"); errors name path and key.
+std::vector<std::vector<int64_t>> per_layer_counts(const nlohmann::json& v, const std::string& path,
+                                                   const std::string& key);
 
 }  // namespace focus

@@ -10,21 +10,6 @@
 namespace focus {
 namespace {
 
-// Quest's upper bound of q.k over a block: each term is the largest q_d * k_d any key of the
-// block can reach, which is q_d times the block's max or min of dimension d by the sign of q_d.
-inline float block_bound(const float* q, const float* kmn, const float* kmx, int64_t hd) {
-  float acc = 0.f;
-#pragma omp simd reduction(+ : acc)
-  for (int64_t d = 0; d < hd; ++d) acc += std::max(q[d] * kmx[d], q[d] * kmn[d]);
-  return acc;
-}
-
-// Larger bound first; ties to the lower block index, so the choice does not depend on the order
-// the candidates were scored in.
-inline bool better(const std::pair<float, int32_t>& a, const std::pair<float, int32_t>& b) {
-  return a.first > b.first || (a.first == b.first && a.second < b.second);
-}
-
 class BlockTopKAttention final : public AttentionPolicy {
  public:
   explicit BlockTopKAttention(const BlockTopKSettings& s) : s_(s) {}
@@ -93,6 +78,8 @@ int block_topk_select(const AttentionCall& a, const BlockTopKState& st, const Bl
   const int64_t K = std::min(s.k, max_cand);
   const int64_t kq = K + 1;
   qg.assign(a.T * H * kq, -1);
+  FOCUS_CHECK(s.head_k.empty() || (int64_t)s.head_k.size() == H, "block top-k: ", s.head_k.size(),
+              " head budgets for ", H, " heads (layer ", a.layer, ")");
   std::vector<int64_t> kh(H);
   for (int64_t h = 0; h < H; ++h) kh[h] = std::min(s.k_of(h), K);
   const int64_t work = a.T * H * max_cand * hd;
@@ -127,7 +114,7 @@ int block_topk_select(const AttentionCall& a, const BlockTopKState& st, const Bl
           const int64_t Kh = kh[kvh * hpk + hh];
           if (Kh == 0 || nb <= Kh) continue;
           auto& ch = cand[hh];
-          std::nth_element(ch.begin(), ch.begin() + (Kh - 1), ch.end(), better);
+          std::nth_element(ch.begin(), ch.begin() + (Kh - 1), ch.end(), block_ranks_before);
           std::sort(ch.begin(), ch.begin() + Kh, [](const auto& x, const auto& y) { return x.second < y.second; });
           int32_t* slots = qg.data() + (t * H + kvh * hpk + hh) * kq;
           for (int64_t i = 0; i < Kh; ++i) slots[1 + i] = ch[i].second;
@@ -189,6 +176,7 @@ BlockTopKSettings block_topk_settings(const AttentionOptions& o, const ModelConf
   if (o.has("budget")) {
     const std::string path = o.get("budget", "");
     FOCUS_CHECK(!o.has("k"), "blocktopk: give k or budget, not both (the budget file sets each head's k)");
+    FOCUS_CHECK(!path.empty(), "blocktopk: budget= needs a file name");
     const BlockBudget b = load_block_budget(path);
     FOCUS_CHECK((int64_t)b.k.size() == c.layers, path, ": budgets for ", b.k.size(), " layers, the model has ", c.layers);
     const std::vector<int64_t>& kl = b.k[layer];
@@ -198,8 +186,7 @@ BlockTopKSettings block_topk_settings(const AttentionOptions& o, const ModelConf
     s.block = b.block;
     s.window = b.window;
     s.sinks = b.sinks;
-    s.head_k = kl;
-    s.k = *std::max_element(kl.begin(), kl.end());
+    s.set_head_k(kl);
     // Settings the file fixes may be repeated, not changed.
     const std::pair<const char*, int64_t> fixed[] = {{"block", b.block}, {"window", b.window}, {"sinks", b.sinks}};
     for (const auto& [key, v] : fixed)

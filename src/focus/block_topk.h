@@ -13,8 +13,10 @@
 // row's group list is its blocks. Only complete blocks are scored, so a block's bounds never
 // change once it exists: prefill, chunked prefill and token-by-token decoding route alike.
 #pragma once
+#include <algorithm>
 #include <cstdint>
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include "kernels/cpu/grouped_attention.h"
@@ -32,7 +34,28 @@ struct BlockTopKSettings {
   // k is their maximum.
   std::vector<int64_t> head_k;
   int64_t k_of(int64_t h) const { return head_k.empty() ? k : head_k[h]; }
+  // Per-head budgets, k their largest.
+  void set_head_k(std::vector<int64_t> v) {
+    head_k = std::move(v);
+    k = head_k.empty() ? 0 : *std::max_element(head_k.begin(), head_k.end());
+  }
 };
+
+// Quest's upper bound of q.k over a block: each term is the largest q_d * k_d any key of the
+// block can reach, which is q_d times the block's max or min of dimension d by the sign of q_d.
+// (Shared by the selection and the budget calibration, so both rank blocks with the same bits.)
+inline float block_bound(const float* q, const float* kmn, const float* kmx, int64_t hd) {
+  float acc = 0.f;
+#pragma omp simd reduction(+ : acc)
+  for (int64_t d = 0; d < hd; ++d) acc += std::max(q[d] * kmx[d], q[d] * kmn[d]);
+  return acc;
+}
+
+// The order blocks are chosen in: larger bound first, ties to the lower block index, so the
+// choice does not depend on the order the candidates were scored in.
+inline bool block_ranks_before(const std::pair<float, int32_t>& a, const std::pair<float, int32_t>& b) {
+  return a.first > b.first || (a.first == b.first && a.second < b.second);
+}
 
 // The settings of a spec's options (block, k, window, sinks, or budget=FILE: per-head budgets
 // measured by `focus budget`, which also fix block, window and sinks) for a layer of c; throws

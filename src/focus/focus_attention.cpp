@@ -388,8 +388,7 @@ class AsymmetricFocusAttention final : public AttentionPolicy {
       BlockTopKSettings bs;
       bs.block = fs_.block_size;
       bs.k = fs_.blocks;
-      bs.head_k = fs_.block_head_k;
-      if (!bs.head_k.empty()) bs.k = *std::max_element(bs.head_k.begin(), bs.head_k.end());
+      if (!fs_.block_head_k.empty()) bs.set_head_k(fs_.block_head_k);
       bs.window = fs_.local_window;
       bs.sinks = fs_.sinks;
       routing.kb = block_topk_select(a, *ks->blocks, bs, qb);

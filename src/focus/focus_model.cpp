@@ -7,6 +7,7 @@
 
 #include "core/error.h"
 #include "core/mapped_file.h"
+#include "focus/block_budget.h"
 #include "io/safetensors.h"
 #include "io/safetensors_writer.h"
 
@@ -321,17 +322,7 @@ FocusRouters load_focus(const std::string& dir, const ModelConfig& c) {
     for (float x : f.far_mass) FOCUS_CHECK(std::isfinite(x) && x >= 0 && x <= 1.001f, jp, ": far_mass ", x, " is not in [0, 1]");
   }
   if (j.contains("block_budget")) {
-    std::vector<std::vector<int64_t>> k;
-    FOCUS_CHECK(j["block_budget"].is_array(), jp, ": 'block_budget' must be an array of per-layer lists");
-    for (const auto& kl : j["block_budget"]) {
-      FOCUS_CHECK(kl.is_array(), jp, ": 'block_budget' must be an array of per-layer lists of integers");
-      std::vector<int64_t> v;
-      for (const auto& x : kl) {
-        FOCUS_CHECK(x.is_number_integer(), jp, ": 'block_budget' holds ", x.dump(), ", not an integer");
-        v.push_back(x.get<int64_t>());
-      }
-      k.push_back(std::move(v));
-    }
+    std::vector<std::vector<int64_t>> k = per_layer_counts(j["block_budget"], jp, "block_budget");
     set_block_budget(f, c, std::move(k), jp);
   }
   return f;
@@ -354,7 +345,8 @@ void set_block_budget(FocusRouters& f, const ModelConfig& c, std::vector<std::ve
     }
   }
   f.block_budget = std::move(k);
-  f.settings.blocks = top;
+  // The hybrid runs even when every budget is 0: each head then reads the block of its last far key.
+  f.settings.blocks = std::max<int64_t>(1, top);
 }
 
 }  // namespace focus

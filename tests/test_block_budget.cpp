@@ -358,3 +358,67 @@ TEST(BlockBudget, MeasuresEveryGlobalLayerOfAModel) {
   }
   EXPECT_EQ(sum, 2 * c.layers * c.heads);
 }
+
+// With a hybrid's groups: keys a row's groups read count neither as far nor as block mass, so the
+// curves describe what the blocks must still find (against the same float64 reference).
+TEST(BlockBudget, CurvesLeaveOutWhatTheGroupsRead) {
+  const ModelConfig c = small_config();
+  const int64_t n = 90, KM = 10, B = 4, w = 5, S = 1, G = 3, RH = 2, kq = 1;
+  const auto q = random_normal(n * c.q_dim(), 21, 2.f);
+  const auto k = random_normal(n * c.kv_dim(), 22, 1.f);
+  std::vector<std::vector<int32_t>> key_group(RH, std::vector<int32_t>(n));
+  for (int64_t r = 0; r < RH; ++r)
+    for (int64_t j = 0; j < n; ++j) key_group[r][j] = (int32_t)((j * 7 + r * 5 + j / 3) % G);
+  std::vector<int32_t> qg(n * c.heads * kq);
+  for (int64_t i = 0; i < (int64_t)qg.size(); ++i) qg[i] = (int32_t)((i * 5 + i / 7) % G);
+  const GroupReads reads{qg.data(), (int)kq, &key_group, c.heads / RH};
+  BlockMassCurves with = empty_curves(c, B, w, S, KM), without = with;
+  AttentionCall a;
+  a.cfg = &c;
+  a.q = q.data();
+  a.k = k.data();
+  a.T = n;
+  measure_block_mass_call(a, with, &reads);
+  measure_block_mass_call(a, without);
+  BlockTopKState st;
+  st.block = B;
+  st.kv_heads = c.kv_heads;
+  st.head_dim = c.head_dim;
+  st.index.reset(1, 1);
+  st.append(cpu::KvView(k.data()), c.kv_dim(), n);
+  const int64_t hpk = c.heads / c.kv_heads, hd = c.head_dim;
+  for (int64_t K = 0; K <= KM; ++K) {
+    BlockTopKSettings s;
+    s.block = B;
+    s.k = K;
+    s.window = w;
+    s.sinks = S;
+    std::vector<int32_t> sel;
+    const int kb = block_topk_select(a, st, s, sel);
+    for (int64_t h = 0; h < c.heads; ++h) {
+      double missed = 0, far = 0;
+      for (int64_t p = w + S; p < n; ++p) {
+        std::vector<double> e(p + 1);
+        double mx = -INFINITY, z = 0;
+        for (int64_t j = 0; j <= p; ++j) {
+          double d = 0;
+          for (int64_t y = 0; y < hd; ++y)
+            d += (double)q[p * c.q_dim() + h * hd + y] * k[j * c.kv_dim() + (h / hpk) * hd + y];
+          mx = std::max(mx, e[j] = d * c.attn_scale);
+        }
+        for (double& x : e) z += (x = std::exp(x - mx));
+        const int32_t* slots = sel.data() + (p * c.heads + h) * kb;
+        for (int64_t j = S; j <= p - w; ++j) {
+          if (key_group[h / (c.heads / RH)][j] == qg[(p * c.heads + h) * kq]) continue;  // the groups read it
+          far += e[j] / z;
+          if (std::find(slots, slots + kb, (int32_t)(j / B)) == slots + kb) missed += e[j] / z;
+        }
+      }
+      EXPECT_NEAR(with.missed_at(0, h, K), missed, 1e-4 * (1 + missed)) << "head " << h << " K " << K;
+      if (K == 0) {
+        EXPECT_NEAR(with.far[h], far, 1e-4 * (1 + far));
+        EXPECT_LT(with.far[h], without.far[h] - 1e-3);  // the groups took some of it
+      }
+    }
+  }
+}

@@ -10,6 +10,8 @@
 #include "cli/setup.h"
 #include "core/error.h"
 #include "focus/block_budget.h"
+#include "focus/focus_attention.h"
+#include "focus/focus_model.h"
 #include "io/text.h"
 
 namespace focus::cli {
@@ -18,7 +20,8 @@ namespace {
 struct BudgetFlags {
   ModelSetup s;
   std::vector<std::string> texts;
-  std::string out, curves, from_curves;
+  std::string out, curves, from_curves, focus_dir;
+  int topk = 0;
   int64_t ctx = 4096, max_tokens = 0, block = 8, window = 64, sinks = 1, k_max = 0;
   std::vector<double> mean_k;
   CLI::App* app = nullptr;
@@ -99,7 +102,7 @@ int run_budget(const BudgetFlags& f) {
   size_t tokens = 0;
   if (!f.from_curves.empty()) {
     FOCUS_CHECK(f.s.model.empty() && f.texts.empty(), "budget: --from-curves replaces the calibration: drop --model and --text");
-    for (const char* flag : {"--block-size", "--window", "--sinks", "--ctx", "--max-tokens", "--curves"})
+    for (const char* flag : {"--block-size", "--window", "--sinks", "--ctx", "--max-tokens", "--curves", "--focus", "--topk"})
       FOCUS_CHECK(f.app->count(flag) == 0, "budget: ", flag, " does not apply with --from-curves (the curves were measured with theirs)");
     cv = load_block_curves(f.from_curves, &g.ctx);
     g.block = cv.block;
@@ -113,7 +116,26 @@ int run_budget(const BudgetFlags& f) {
     const std::vector<int32_t> ids = io::load_text_tokens(*m.tok, f.texts, f.max_tokens);
     tokens = ids.size();
     install_interrupt_handler();
-    cv = measure_block_mass(m, ids, f.ctx, f.block, f.window, f.sinks, k_max, true);
+    if (f.focus_dir.empty()) {
+      cv = measure_block_mass(m, ids, f.ctx, f.block, f.window, f.sinks, k_max, true);
+    } else {
+      // The hybrid's blocks: what its routers' groups leave unread is what the blocks must find.
+      FocusRouters routers = load_focus(f.focus_dir, m.cfg);
+      FOCUS_CHECK(routers.settings.asymmetric, f.focus_dir, ": block budgets for the hybrid need asymmetric routers");
+      cv = block_mass_curves(m.cfg, f.block, f.window, f.sinks, k_max);
+      FocusSettings& s = routers.settings;
+      s.mode = FocusMode::Hard;
+      s.local_window = f.window;
+      s.sinks = f.sinks;
+      if (f.topk > 0) s.topk = f.topk;
+      FOCUS_CHECK(s.topk <= s.groups, "budget: --topk ", s.topk, " exceeds the routers' ", s.groups, " groups");
+      s.topp = 0.f;
+      s.blocks = 0;
+      routers.block_budget.clear();
+      s.block_calibration = &cv;
+      const AttentionPlan plan = focus_plan(m.cfg, routers);
+      run_block_calibration(m, ids, f.ctx, plan, true);
+    }
     FOCUS_CHECK(!interrupted(), "budget: interrupted before the calibration finished; nothing written");
     if (!f.curves.empty()) {
       save_block_curves(f.curves, cv, f.ctx);
@@ -148,6 +170,10 @@ Command add_budget(CLI::App& app) {
   sub->add_option("--block-size", f->block, "keys per block");
   sub->add_option("--window", f->window, "local window every query sees");
   sub->add_option("--sinks", f->sinks, "first keys every query sees");
+  sub->add_option("--focus", f->focus_dir,
+                  "asymmetric routers: budgets for the hybrid pattern, counting only what their groups leave "
+                  "unread (run them with the same --window, --sinks and --topk)");
+  sub->add_option("--topk", f->topk, "with --focus: the groups each query reads (default: the folder's)");
   sub->add_option("--ctx", f->ctx, "window length in tokens (incl. BOS): calibrate at the length you evaluate");
   sub->add_option("--max-tokens", f->max_tokens, "use only the first T text tokens");
   f->s.add_json(sub);

@@ -36,7 +36,7 @@ class BlockMassProbe final : public AttentionPolicy {
 
 }  // namespace
 
-void measure_block_mass_call(const AttentionCall& a, BlockMassCurves& cv) {
+void measure_block_mass_call(const AttentionCall& a, BlockMassCurves& cv, const GroupReads* groups) {
   const ModelConfig& c = *a.cfg;
   const int64_t n = a.pos0 + a.T, H = c.heads, kvh_n = c.kv_heads, hpk = H / kvh_n, hd = c.head_dim;
   const int64_t kvd = c.kv_dim(), B = cv.block, w = cv.window, S = cv.sinks, KM = cv.k_max;
@@ -81,6 +81,12 @@ void measure_block_mass_call(const AttentionCall& a, BlockMassCurves& cv) {
           e[j] = std::exp(e[j] - mx);
           z += e[j];
         }
+        if (groups) {  // keys the groups read count as neither far nor block mass
+          const int32_t* qg = groups->query_groups + (t * H + h) * groups->k;
+          const int32_t* kg = (*groups->key_group)[h / groups->heads_per_router].data();
+          for (int64_t j = S; j <= f; ++j)
+            if (std::find(qg, qg + groups->k, kg[j]) != qg + groups->k) e[j] = 0.f;
+        }
         auto mass = [&](int64_t j0, int64_t j1) {  // probability of keys j0 .. j1-1
           double m = 0;
           for (int64_t j = std::max(j0, S); j < j1; ++j) m += e[j];
@@ -124,13 +130,9 @@ void measure_block_mass_call(const AttentionCall& a, BlockMassCurves& cv) {
   cv.rows[a.layer] += rows;
 }
 
-BlockMassCurves measure_block_mass(const Model& m, const std::vector<int32_t>& ids, int64_t ctx, int64_t block,
-                                   int64_t window, int64_t sinks, int64_t k_max, bool progress) {
-  const ModelConfig& c = m.cfg;
+BlockMassCurves block_mass_curves(const ModelConfig& c, int64_t block, int64_t window, int64_t sinks, int64_t k_max) {
   FOCUS_CHECK(block >= 1 && window >= 1 && sinks >= 0 && k_max >= 1, "block budget: block (", block, ") window (",
               window, ") and k_max (", k_max, ") must be at least 1, sinks (", sinks, ") at least 0");
-  FOCUS_CHECK(ctx > window + sinks, "block budget: ctx ", ctx, " leaves no key beyond the window ", window,
-              " and the sinks ", sinks);
   BlockMassCurves cv;
   cv.block = block;
   cv.window = window;
@@ -141,16 +143,30 @@ BlockMassCurves measure_block_mass(const Model& m, const std::vector<int32_t>& i
   cv.missed.assign(c.layers * c.heads * (k_max + 1), 0.0);
   cv.far.assign(c.layers * c.heads, 0.0);
   cv.rows.assign(c.layers, 0);
-  AttentionPlan plan;
-  plan.layers.resize(c.layers);
-  for (int64_t l = 0; l < c.layers; ++l)
-    if (c.layer_sliding_window[l] == 0) plan.layers[l] = std::make_shared<BlockMassProbe>(&cv);
+  return cv;
+}
+
+void run_block_calibration(const Model& m, const std::vector<int32_t>& ids, int64_t ctx, const AttentionPlan& plan,
+                           bool progress) {
   PplOptions o;
   o.ctx = ctx;
   o.progress = progress;
   o.attention = &plan;
   o.kv_type = cpu::KvType::F32;
   perplexity(m, ids, o);
+}
+
+BlockMassCurves measure_block_mass(const Model& m, const std::vector<int32_t>& ids, int64_t ctx, int64_t block,
+                                   int64_t window, int64_t sinks, int64_t k_max, bool progress) {
+  const ModelConfig& c = m.cfg;
+  BlockMassCurves cv = block_mass_curves(c, block, window, sinks, k_max);
+  FOCUS_CHECK(ctx > window + sinks, "block budget: ctx ", ctx, " leaves no key beyond the window ", window,
+              " and the sinks ", sinks);
+  AttentionPlan plan;
+  plan.layers.resize(c.layers);
+  for (int64_t l = 0; l < c.layers; ++l)
+    if (c.layer_sliding_window[l] == 0) plan.layers[l] = std::make_shared<BlockMassProbe>(&cv);
+  run_block_calibration(m, ids, ctx, plan, progress);
   return cv;
 }
 

@@ -42,9 +42,28 @@ struct BlockMassCurves {
 BlockMassCurves measure_block_mass(const Model& m, const std::vector<int32_t>& ids, int64_t ctx, int64_t block,
                                    int64_t window, int64_t sinks, int64_t k_max, bool progress);
 
+// What a hybrid's groups read beyond the window, for calibrating its blocks: key j is read by
+// query head h of row t when key_group[r][j] (r = h / heads_per_router) is one of the k groups
+// query_groups[(t * heads + h) * k ..]. Keys read so are neither far mass nor block mass.
+struct GroupReads {
+  const int32_t* query_groups = nullptr;             // [T, heads, k] of the call's rows
+  int k = 0;
+  const std::vector<std::vector<int32_t>>* key_group = nullptr;  // [routers][keys 0 .. n-1]
+  int64_t heads_per_router = 1;
+};
+
 // Adds the rows of one prefill call (float q and keys 0 .. a.pos0 + a.T - 1 in a.k) to cv's
-// curves for layer a.layer (cv sized for the model by measure_block_mass's rules).
-void measure_block_mass_call(const AttentionCall& a, BlockMassCurves& cv);
+// curves for layer a.layer (cv sized for the model by measure_block_mass's rules). With groups,
+// only what the groups leave unread counts.
+void measure_block_mass_call(const AttentionCall& a, BlockMassCurves& cv, const GroupReads* groups = nullptr);
+
+// Empty curves for a model's layers and heads.
+BlockMassCurves block_mass_curves(const ModelConfig& c, int64_t block, int64_t window, int64_t sinks, int64_t k_max);
+
+// Runs m over ids in windows of ctx tokens with a float32 KV cache through plan, whose policies
+// measure (BlockMassProbe, or a hybrid's policies with FocusSettings::block_calibration set).
+void run_block_calibration(const Model& m, const std::vector<int32_t>& ids, int64_t ctx, const AttentionPlan& plan,
+                           bool progress);
 
 // Budgets with mean_k blocks per measured (layer, head) on average (rounded down to whole blocks
 // in total): [layers][heads], empty for layers not measured. Each K_h is at most curves.k_max

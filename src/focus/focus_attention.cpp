@@ -8,6 +8,7 @@
 #include "focus/focus_cache.h"
 #include "focus/group_layout.h"
 #include "focus/balancing.h"
+#include "focus/block_budget.h"
 #include "focus/block_topk.h"
 #include "kernels/cpu/cached_attention.h"
 #include "kernels/cpu/grouped_attention.h"
@@ -377,6 +378,13 @@ class AsymmetricFocusAttention final : public AttentionPolicy {
       for (int64_t t = 0; t < T; ++t)
         for (int64_t h = r * heads_per; h < (r + 1) * heads_per; ++h)
           std::copy_n(top.data() + t * k, k, qg.data() + (t * c.heads + h) * k);
+    }
+    if (fs_.block_calibration) {
+      FOCUS_CHECK(a.k && fs_.topp == 0.f, "block budget calibration: needs float keys and top-k groups");
+      const GroupReads reads{qg.data(), k, &ks->key_group, heads_per};
+      measure_block_mass_call(a, *fs_.block_calibration, &reads);
+      std::unique_ptr<AttentionState> none;
+      return dense_attention().attend(a, none, nullptr);
     }
     cpu::AttnShape s = layer_attn_shape(c, a.layer, a.pos0, T);
     s.local_window = fs_.local_window;

@@ -10,6 +10,8 @@
 
 namespace focus {
 
+struct BlockMassCurves;
+
 // Off: plain attention. Soft: the training form (log-bias). Hard: top-k sparse (inference).
 // Window: local window and sinks only, no groups (the sliding-window baseline; routers unused).
 enum class FocusMode { Off, Soft, Hard, Window };
@@ -67,6 +69,10 @@ struct FocusSettings {
   // Per query head of one layer, its own number of blocks in place of `blocks` (set per layer
   // from FocusRouters::block_budget when the plan is made; empty: every head reads `blocks`).
   std::vector<int64_t> block_head_k;
+  // Calibrating the hybrid's block budgets (`focus budget --focus`): when set, a hard asymmetric
+  // layer routes as usual, adds to these curves the attention its groups leave unread
+  // (focus/block_budget.h), and computes dense attention, so the forward stays the model's own.
+  BlockMassCurves* block_calibration = nullptr;
 };
 
 struct FocusRouters {

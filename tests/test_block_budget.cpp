@@ -25,30 +25,37 @@ using focus::test::random_normal;
 
 namespace {
 
-// One global layer of 4 query heads on 2 kv heads of 8 dimensions.
-ModelConfig small_config() {
-  ModelConfig c;
-  c.layers = 1;
-  c.heads = 4;
-  c.kv_heads = 2;
-  c.head_dim = 8;
-  c.attn_scale = 1.f / std::sqrt(8.f);
-  c.layer_sliding_window = {0};
-  return c;
-}
+ModelConfig small_config() { return focus::test::one_global_layer_config(); }
 
 BlockMassCurves empty_curves(const ModelConfig& c, int64_t block, int64_t window, int64_t sinks, int64_t k_max) {
-  BlockMassCurves cv;
-  cv.block = block;
-  cv.window = window;
-  cv.sinks = sinks;
-  cv.k_max = k_max;
-  cv.layers = c.layers;
-  cv.heads = c.heads;
-  cv.missed.assign(c.layers * c.heads * (k_max + 1), 0.0);
-  cv.far.assign(c.layers * c.heads, 0.0);
-  cv.rows.assign(c.layers, 0);
-  return cv;
+  return block_mass_curves(c, block, window, sinks, k_max);
+}
+
+// Attention probabilities of row p, query head h over keys 0 .. p, in float64.
+std::vector<double> softmax_row(const std::vector<float>& q, const std::vector<float>& k, const ModelConfig& c,
+                                int64_t p, int64_t h) {
+  const int64_t hd = c.head_dim, g = h / (c.heads / c.kv_heads);
+  std::vector<double> e(p + 1);
+  double mx = -INFINITY, z = 0;
+  for (int64_t j = 0; j <= p; ++j) {
+    double d = 0;
+    for (int64_t y = 0; y < hd; ++y) d += (double)q[p * c.q_dim() + h * hd + y] * k[j * c.kv_dim() + g * hd + y];
+    mx = std::max(mx, e[j] = d * c.attn_scale);
+  }
+  for (double& x : e) z += (x = std::exp(x - mx));
+  for (double& x : e) x /= z;
+  return e;
+}
+
+// The block bounds block top-k keeps for the first n keys of k.
+BlockTopKState block_state(const ModelConfig& c, int64_t block, const std::vector<float>& k, int64_t n) {
+  BlockTopKState st;
+  st.block = block;
+  st.kv_heads = c.kv_heads;
+  st.head_dim = c.head_dim;
+  st.index.reset(1, 1);
+  st.append(cpu::KvView(k.data()), c.kv_dim(), n);
+  return st;
 }
 
 std::string temp_file(const std::string& name) { return ::testing::TempDir() + "/focus_budget_" + name; }
@@ -89,18 +96,12 @@ TEST(BlockBudget, CurvesMatchTheSelectionTheyDescribe) {
     EXPECT_EQ(two.rows[0], rows);
 
     // The selection block top-k makes with K blocks, on the same keys.
-    BlockTopKState st;
-    st.block = cs.block;
-    st.kv_heads = c.kv_heads;
-    st.head_dim = c.head_dim;
-    st.index.reset(1, 1);
-    st.append(cpu::KvView(k.data()), c.kv_dim(), n);
+    const BlockTopKState st = block_state(c, cs.block, k, n);
     AttentionCall all;
     all.cfg = &c;
     all.q = q.data();
     all.k = k.data();
     all.T = n;
-    const int64_t hpk = c.heads / c.kv_heads, hd = c.head_dim;
     bool ranks = false;
     for (int64_t K = 0; K <= KM; ++K) {
       BlockTopKSettings s;
@@ -115,20 +116,11 @@ TEST(BlockBudget, CurvesMatchTheSelectionTheyDescribe) {
         for (int64_t p = 0; p < n; ++p) {
           const int64_t f = p - cs.window;
           if (f < cs.sinks) continue;
-          std::vector<double> e(p + 1);
-          double mx = -INFINITY, z = 0;
-          for (int64_t j = 0; j <= p; ++j) {
-            double d = 0;
-            for (int64_t y = 0; y < hd; ++y)
-              d += (double)q[p * c.q_dim() + h * hd + y] * k[j * c.kv_dim() + (h / hpk) * hd + y];
-            e[j] = d * c.attn_scale;
-            mx = std::max(mx, e[j]);
-          }
-          for (double& x : e) z += (x = std::exp(x - mx));
+          const std::vector<double> pr = softmax_row(q, k, c, p, h);
           const int32_t* slots = qg.data() + (p * c.heads + h) * kq;
           for (int64_t j = cs.sinks; j <= f; ++j) {
-            far += e[j] / z;
-            if (std::find(slots, slots + kq, (int32_t)(j / cs.block)) == slots + kq) missed += e[j] / z;
+            far += pr[j];
+            if (std::find(slots, slots + kq, (int32_t)(j / cs.block)) == slots + kq) missed += pr[j];
           }
         }
         EXPECT_NEAR(one.missed_at(0, h, K), missed, 1e-4 * (1 + missed)) << "head " << h << " K " << K;
@@ -380,13 +372,7 @@ TEST(BlockBudget, CurvesLeaveOutWhatTheGroupsRead) {
   a.T = n;
   measure_block_mass_call(a, with, &reads);
   measure_block_mass_call(a, without);
-  BlockTopKState st;
-  st.block = B;
-  st.kv_heads = c.kv_heads;
-  st.head_dim = c.head_dim;
-  st.index.reset(1, 1);
-  st.append(cpu::KvView(k.data()), c.kv_dim(), n);
-  const int64_t hpk = c.heads / c.kv_heads, hd = c.head_dim;
+  const BlockTopKState st = block_state(c, B, k, n);
   for (int64_t K = 0; K <= KM; ++K) {
     BlockTopKSettings s;
     s.block = B;
@@ -398,20 +384,12 @@ TEST(BlockBudget, CurvesLeaveOutWhatTheGroupsRead) {
     for (int64_t h = 0; h < c.heads; ++h) {
       double missed = 0, far = 0;
       for (int64_t p = w + S; p < n; ++p) {
-        std::vector<double> e(p + 1);
-        double mx = -INFINITY, z = 0;
-        for (int64_t j = 0; j <= p; ++j) {
-          double d = 0;
-          for (int64_t y = 0; y < hd; ++y)
-            d += (double)q[p * c.q_dim() + h * hd + y] * k[j * c.kv_dim() + (h / hpk) * hd + y];
-          mx = std::max(mx, e[j] = d * c.attn_scale);
-        }
-        for (double& x : e) z += (x = std::exp(x - mx));
+        const std::vector<double> pr = softmax_row(q, k, c, p, h);
         const int32_t* slots = sel.data() + (p * c.heads + h) * kb;
         for (int64_t j = S; j <= p - w; ++j) {
           if (key_group[h / (c.heads / RH)][j] == qg[(p * c.heads + h) * kq]) continue;  // the groups read it
-          far += e[j] / z;
-          if (std::find(slots, slots + kb, (int32_t)(j / B)) == slots + kb) missed += e[j] / z;
+          far += pr[j];
+          if (std::find(slots, slots + kb, (int32_t)(j / B)) == slots + kb) missed += pr[j];
         }
       }
       EXPECT_NEAR(with.missed_at(0, h, K), missed, 1e-4 * (1 + missed)) << "head " << h << " K " << K;

@@ -24,17 +24,7 @@ using focus::test::window_of;
 
 namespace {
 
-// One global layer of 4 query heads on 2 kv heads of 8 dimensions.
-ModelConfig small_config() {
-  ModelConfig c;
-  c.layers = 1;
-  c.heads = 4;
-  c.kv_heads = 2;
-  c.head_dim = 8;
-  c.attn_scale = 1.f / std::sqrt(8.f);
-  c.layer_sliding_window = {0};
-  return c;
-}
+ModelConfig small_config() { return focus::test::one_global_layer_config(); }
 
 // The definition, in double: the blocks row p of head h reads (empty when p - w < S); counts in
 // *choices the rows with more candidate blocks than K.

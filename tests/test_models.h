@@ -12,6 +12,18 @@
 
 namespace focus::test {
 
+// One global layer of 4 query heads on 2 kv heads of 8 dimensions (attention kernel tests).
+inline ModelConfig one_global_layer_config() {
+  ModelConfig c;
+  c.layers = 1;
+  c.heads = 4;
+  c.kv_heads = 2;
+  c.head_dim = 8;
+  c.attn_scale = 1.f / std::sqrt(8.f);
+  c.layer_sliding_window = {0};
+  return c;
+}
+
 inline std::vector<float> random_normal(size_t n, uint32_t seed, float scale = 1.f) {
   std::mt19937 g(seed);
   std::normal_distribution<float> d(0.f, scale);

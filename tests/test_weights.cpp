@@ -63,7 +63,9 @@ TEST(Weights, Bf16RoundsToNearestEven) {
   // Every bf16 value converts back to itself.
   for (uint32_t h = 0; h < 0x10000; h += 7) {
     const float f = io::bf16_to_fp32((uint16_t)h);
-    if (!std::isnan(f)) EXPECT_EQ(io::fp32_to_bf16(f), h);
+    if (!std::isnan(f)) {
+      EXPECT_EQ(io::fp32_to_bf16(f), h);
+    }
   }
 }
 

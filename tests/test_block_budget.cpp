@@ -49,11 +49,7 @@ std::vector<double> softmax_row(const std::vector<float>& q, const std::vector<f
 
 // The block bounds block top-k keeps for the first n keys of k.
 BlockTopKState block_state(const ModelConfig& c, int64_t block, const std::vector<float>& k, int64_t n) {
-  BlockTopKState st;
-  st.block = block;
-  st.kv_heads = c.kv_heads;
-  st.head_dim = c.head_dim;
-  st.index.reset(1, 1);
+  BlockTopKState st(block, c.kv_heads, c.head_dim);
   st.append(cpu::KvView(k.data()), c.kv_dim(), n);
   return st;
 }

@@ -11,6 +11,7 @@
 
 #include "core/error.h"
 #include "core/mapped_file.h"
+#include "focus/block_budget.h"
 #include "focus/focus_attention.h"
 #include "focus/focus_model.h"
 #include "io/safetensors_writer.h"
@@ -254,6 +255,37 @@ TEST(AsymmetricRouting, HybridBlocksDecodeLikePrefillAndAreCausal) {
 // Per-head block budgets in the hybrid: every head at 2 is the uniform pattern of 2 bit for bit;
 // uneven budgets decode as one call computes them, read fewer pairs where heads get fewer blocks,
 // and survive focus.json; a budget of the wrong shape is refused naming the file.
+// Calibrating the hybrid's budgets (FocusSettings::block_calibration): the forward stays the
+// model's own dense attention, every routed layer measures its rows, and what the groups read is
+// left out of the far probability the blocks must find.
+TEST(AsymmetricRouting, BlockBudgetCalibrationAroundGroups) {
+  auto m = random_model(Arch::Llama, 16);
+  const ModelConfig& c = m->cfg;
+  const int64_t n = 60, B = 4, w = 3, S = 1;
+  const std::vector<int32_t> ids = window_of(n, c.vocab, 11).ids;
+  FocusSettings s = asym_settings(4, 1, w);
+  s.per_kv_head = true;
+  FocusRouters f = focus_init(c, s, 8);
+  BlockMassCurves around = block_mass_curves(c, B, w, S, 8), alone = around;
+  f.settings.block_calibration = &around;
+  const AttentionPlan plan = focus_plan(c, f);
+  EXPECT_LT(max_abs_diff(hidden_of(*m, ids, &plan), hidden_of(*m, ids, nullptr)), 1e-6);
+  int64_t rows = 0;
+  for (int64_t p = 0; p < n; ++p) rows += p - w >= S;
+  // The same rows measured for blocks alone.
+  alone = measure_block_mass(*m, ids, n + 1, B, w, S, 8, false);
+  for (int64_t l = 0; l < c.layers; ++l) {
+    EXPECT_EQ(around.rows[l], rows) << "layer " << l;
+    double far_around = 0, far_alone = 0;
+    for (int64_t h = 0; h < c.heads; ++h) {
+      far_around += around.far[l * c.heads + h];
+      far_alone += alone.far[l * c.heads + h];
+    }
+    EXPECT_GT(far_around, 0.0);
+    EXPECT_LT(far_around, far_alone - 1e-3) << "layer " << l << ": the groups read some far keys";
+  }
+}
+
 TEST(AsymmetricRouting, HybridBlockBudgetsPerHead) {
   auto m = random_model(Arch::Llama, 16);
   const ModelConfig& c = m->cfg;

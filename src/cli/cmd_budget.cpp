@@ -134,7 +134,7 @@ int run_budget(const BudgetFlags& f) {
       routers.block_budget.clear();
       s.block_calibration = &cv;
       const AttentionPlan plan = focus_plan(m.cfg, routers);
-      run_block_calibration(m, ids, f.ctx, plan, true);
+      run_block_calibration(m, ids, f.ctx, plan, cv, true);
     }
     FOCUS_CHECK(!interrupted(), "budget: interrupted before the calibration finished; nothing written");
     if (!f.curves.empty()) {

@@ -12,6 +12,7 @@
 #include "eval/perplexity.h"
 #include "focus/block_topk.h"
 #include "io/safetensors.h"
+#include "kernels/cpu/decode_slices.h"
 #include "io/safetensors_writer.h"
 #include "model/attention.h"
 
@@ -42,11 +43,7 @@ void measure_block_mass_call(const AttentionCall& a, BlockMassCurves& cv, const 
   const int64_t kvd = c.kv_dim(), B = cv.block, w = cv.window, S = cv.sinks, KM = cv.k_max;
   const float scale = layer_attn_shape(c, a.layer, a.pos0, a.T).scale;
   // Bounds of the complete blocks, made as the block top-k policy makes them.
-  BlockTopKState st;
-  st.block = B;
-  st.kv_heads = kvh_n;
-  st.head_dim = hd;
-  st.index.reset(1, 1);
+  BlockTopKState st(B, kvh_n, hd);
   st.append(cpu::KvView(a.k), kvd, n);
   const int64_t lo = S / B;
   std::vector<double> miss(H * (KM + 1), 0.0), far(H, 0.0);
@@ -69,11 +66,7 @@ void measure_block_mass_call(const AttentionCall& a, BlockMassCurves& cv, const 
         const float* k0 = a.k + (h / hpk) * hd;
         float mx = -std::numeric_limits<float>::infinity();
         for (int64_t j = 0; j <= p; ++j) {
-          const float* kr = k0 + j * kvd;
-          float s = 0.f;
-#pragma omp simd reduction(+ : s)
-          for (int64_t d = 0; d < hd; ++d) s += q[d] * kr[d];
-          e[j] = s * scale;
+          e[j] = cpu::decode_detail::dot(q, k0 + j * kvd, hd) * scale;  // the decoding kernel's dot product
           mx = std::max(mx, e[j]);
         }
         double z = 0;
@@ -147,7 +140,9 @@ BlockMassCurves block_mass_curves(const ModelConfig& c, int64_t block, int64_t w
 }
 
 void run_block_calibration(const Model& m, const std::vector<int32_t>& ids, int64_t ctx, const AttentionPlan& plan,
-                           bool progress) {
+                           const BlockMassCurves& cv, bool progress) {
+  FOCUS_CHECK(ctx > cv.window + cv.sinks, "block budget: ctx ", ctx, " leaves no key beyond the window ", cv.window,
+              " and the sinks ", cv.sinks);
   PplOptions o;
   o.ctx = ctx;
   o.progress = progress;
@@ -160,13 +155,11 @@ BlockMassCurves measure_block_mass(const Model& m, const std::vector<int32_t>& i
                                    int64_t window, int64_t sinks, int64_t k_max, bool progress) {
   const ModelConfig& c = m.cfg;
   BlockMassCurves cv = block_mass_curves(c, block, window, sinks, k_max);
-  FOCUS_CHECK(ctx > window + sinks, "block budget: ctx ", ctx, " leaves no key beyond the window ", window,
-              " and the sinks ", sinks);
   AttentionPlan plan;
   plan.layers.resize(c.layers);
   for (int64_t l = 0; l < c.layers; ++l)
     if (c.layer_sliding_window[l] == 0) plan.layers[l] = std::make_shared<BlockMassProbe>(&cv);
-  run_block_calibration(m, ids, ctx, plan, progress);
+  run_block_calibration(m, ids, ctx, plan, cv, progress);
   return cv;
 }
 

@@ -62,8 +62,9 @@ BlockMassCurves block_mass_curves(const ModelConfig& c, int64_t block, int64_t w
 
 // Runs m over ids in windows of ctx tokens with a float32 KV cache through plan, whose policies
 // measure (BlockMassProbe, or a hybrid's policies with FocusSettings::block_calibration set).
+// Errors when ctx leaves no key beyond the curves' window and sinks.
 void run_block_calibration(const Model& m, const std::vector<int32_t>& ids, int64_t ctx, const AttentionPlan& plan,
-                           bool progress);
+                           const BlockMassCurves& cv, bool progress);
 
 // Budgets with mean_k blocks per measured (layer, head) on average (rounded down to whole blocks
 // in total): [layers][heads], empty for layers not measured. Each K_h is at most curves.k_max

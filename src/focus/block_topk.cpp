@@ -21,12 +21,7 @@ class BlockTopKAttention final : public AttentionPolicy {
     if (a.pos0 == 0 || !state) {
       FOCUS_CHECK(a.pos0 == 0, "forward: the KV cache holds ", a.pos0, " positions but no block top-k state (layer ",
                   a.layer, "); fill it from position 0 with the same policy");
-      auto st = std::make_unique<BlockTopKState>();
-      st->block = s_.block;
-      st->kv_heads = c.kv_heads;
-      st->head_dim = c.head_dim;
-      st->index.reset(1, 1);
-      state = std::move(st);
+      state = std::make_unique<BlockTopKState>(s_.block, c.kv_heads, c.head_dim);
     }
     auto* st = dynamic_cast<BlockTopKState*>(state.get());
     FOCUS_CHECK(st && st->len() == a.pos0 && st->block == s_.block && st->kv_heads == c.kv_heads &&

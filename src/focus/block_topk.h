@@ -68,6 +68,10 @@ std::shared_ptr<const AttentionPolicy> block_topk_attention(const BlockTopKSetti
 // What the policy keeps about one layer's cached keys: their blocks (the kernel's key groups and
 // the index of their members) and the bounds of every complete block.
 struct BlockTopKState final : AttentionState {
+  BlockTopKState(int64_t block_, int64_t kv_heads_, int64_t head_dim_)
+      : block(block_), kv_heads(kv_heads_), head_dim(head_dim_) {
+    index.reset(1, 1);
+  }
   int64_t block = 0, kv_heads = 0, head_dim = 0;
   std::vector<int32_t> key_group;  // [len] j / block
   cpu::GroupedKeyIndex index;      // grows with the sequence, never rebuilt

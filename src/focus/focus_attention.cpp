@@ -333,11 +333,7 @@ class AsymmetricFocusAttention final : public AttentionPolicy {
       ks->load.assign(RH * G, 0);
       ks->index.reset(G, RH);
       if (fs_.blocks > 0) {
-        ks->blocks = std::make_unique<BlockTopKState>();
-        ks->blocks->block = fs_.block_size;
-        ks->blocks->kv_heads = a.cfg->kv_heads;
-        ks->blocks->head_dim = a.cfg->head_dim;
-        ks->blocks->index.reset(1, 1);
+        ks->blocks = std::make_unique<BlockTopKState>(fs_.block_size, a.cfg->kv_heads, a.cfg->head_dim);
       }
       state = std::move(ks);
     }

@@ -272,7 +272,13 @@ TEST(BlockBudget, CurvesFileRoundTrip) {
   const std::string path = temp_file("curves.safetensors");
   save_block_curves(path, cv, 8192);
   int64_t ctx = 0;
+  EXPECT_TRUE(load_block_curves(path, &ctx).group_keys.empty());
+  cv.group_keys.assign(c.layers * c.heads, 0.0);  // measured around groups: their keys travel too
+  for (int64_t h = 0; h < c.heads; ++h) cv.group_keys[h] = 37.0 * (10 + h);
+  save_block_curves(path, cv, 8192);
   const BlockMassCurves back = load_block_curves(path, &ctx);
+  ASSERT_EQ(back.group_keys.size(), cv.group_keys.size());
+  for (size_t i = 0; i < cv.group_keys.size(); ++i) EXPECT_NEAR(back.group_keys[i], cv.group_keys[i], 1e-3);
   EXPECT_EQ(ctx, 8192);
   EXPECT_EQ(back.block, 8);
   EXPECT_EQ(back.window, 64);
@@ -311,7 +317,15 @@ TEST(BlockBudget, CurvesFileRoundTrip) {
       {write({{"missed", {{1, 2, 3}, std::vector<float>(6, 0.5f)}}, {"far", {{2, 1}, {1.f, 1.f}}}, {"rows", {{1}, {4.f}}}}, md),
        "'far' must be"},
       {write({{"missed", {{1, 2, 3}, {0.5f, -1.f, 0, 0, 0, 0}}}, {"far", {{1, 2}, {1.f, 1.f}}}, {"rows", {{1}, {4.f}}}}, md),
-       "'missed' holds"}};
+       "'missed' holds"},
+      {write({{"missed", {{1, 2, 3}, std::vector<float>(6, 0.5f)}}, {"far", {{1, 2}, {1.f, 1.f}}}, {"rows", {{1}, {4.f}}},
+              {"group_keys", {{2}, {1.f, 1.f}}}},
+             md),
+       "'group_keys' must be"},
+      {write({{"missed", {{1, 2, 3}, std::vector<float>(6, 0.5f)}}, {"far", {{1, 2}, {1.f, 1.f}}}, {"rows", {{1}, {4.f}}},
+              {"group_keys", {{1, 2}, {1.f, -3.f}}}},
+             md),
+       "'group_keys' holds"}};
   for (const auto& [e, word] : cases) {
     EXPECT_NE(e.find(bad), std::string::npos) << e;
     EXPECT_NE(e.find(word), std::string::npos) << e;
@@ -368,6 +382,7 @@ TEST(BlockBudget, CurvesLeaveOutWhatTheGroupsRead) {
   a.T = n;
   measure_block_mass_call(a, with, &reads);
   measure_block_mass_call(a, without);
+  EXPECT_TRUE(without.group_keys.empty());
   const BlockTopKState st = block_state(c, B, k, n);
   for (int64_t K = 0; K <= KM; ++K) {
     BlockTopKSettings s;
@@ -379,11 +394,15 @@ TEST(BlockBudget, CurvesLeaveOutWhatTheGroupsRead) {
     const int kb = block_topk_select(a, st, s, sel);
     for (int64_t h = 0; h < c.heads; ++h) {
       double missed = 0, far = 0;
+      int64_t read = 0;
       for (int64_t p = w + S; p < n; ++p) {
         const std::vector<double> pr = softmax_row(q, k, c, p, h);
         const int32_t* slots = sel.data() + (p * c.heads + h) * kb;
         for (int64_t j = S; j <= p - w; ++j) {
-          if (key_group[h / (c.heads / RH)][j] == qg[(p * c.heads + h) * kq]) continue;  // the groups read it
+          if (key_group[h / (c.heads / RH)][j] == qg[(p * c.heads + h) * kq]) {  // the groups read it
+            ++read;
+            continue;
+          }
           far += pr[j];
           if (std::find(slots, slots + kb, (int32_t)(j / B)) == slots + kb) missed += pr[j];
         }
@@ -392,6 +411,9 @@ TEST(BlockBudget, CurvesLeaveOutWhatTheGroupsRead) {
       if (K == 0) {
         EXPECT_NEAR(with.far[h], far, 1e-4 * (1 + far));
         EXPECT_LT(with.far[h], without.far[h] - 1e-3);  // the groups took some of it
+        ASSERT_EQ((int64_t)with.group_keys.size(), c.layers * c.heads);
+        EXPECT_EQ(with.group_keys[h], (double)read) << "head " << h;  // what the groups cost
+        EXPECT_GT(read, 0);
       }
     }
   }

@@ -53,14 +53,19 @@ nlohmann::json write_budget(const BudgetFlags& f, const BlockMassCurves& cv, dou
   std::printf("\nblock %lld, window %lld, sinks %lld, mean k %g (k_max %lld), ctx %lld, %zu tokens\n",
               (long long)f.block, (long long)f.window, (long long)f.sinks, mean_k, (long long)cv.k_max,
               (long long)f.ctx, tokens);
-  std::printf("layer | far prob | missed, k=%lld each | missed, budgets | k per head\n", (long long)ku);
+  // Around groups: the far keys they read per row and head (their cost, to weigh against blocks).
+  const bool grouped = !cv.group_keys.empty();
+  double all_gkeys = 0;
+  std::printf("layer | far prob | missed, k=%lld each | missed, budgets |%s k per head\n", (long long)ku,
+              grouped ? " group keys |" : "");
   b.layer_missed.assign(cv.layers, 0.0);
   b.layer_far.assign(cv.layers, 0.0);
   for (int64_t L = 0; L < cv.layers; ++L) {
     if (b.k[L].empty()) continue;
-    double far = 0, uni = 0, bud = 0;
+    double far = 0, uni = 0, bud = 0, gk = 0;
     for (int64_t h = 0; h < H; ++h) {
       far += cv.far[L * H + h];
+      if (grouped) gk += cv.group_keys[L * H + h];
       uni += cv.missed_at(L, h, ku);
       bud += cv.missed_at(L, h, b.k[L][h]);
     }
@@ -71,18 +76,31 @@ nlohmann::json write_budget(const BudgetFlags& f, const BlockMassCurves& cv, dou
     all_uniform += uni;
     all_budget += bud;
     all_rows += cv.rows[L] * H;
-    std::string ks;
+    all_gkeys += gk;
+    std::string ks, gcol;
     for (int64_t h = 0; h < H; ++h) ks += (h ? " " : "") + std::to_string(b.k[L][h]);
-    std::printf("%5lld | %8.4f | %18.4f | %15.4f | %s\n", (long long)L, far * per, uni * per, bud * per, ks.c_str());
+    if (grouped) {
+      char buf[32];
+      std::snprintf(buf, sizeof buf, " %10.1f |", gk * per);
+      gcol = buf;
+    }
+    std::printf("%5lld | %8.4f | %18.4f | %15.4f |%s %s\n", (long long)L, far * per, uni * per, bud * per,
+                gcol.c_str(), ks.c_str());
   }
   const double per = 1.0 / std::max<double>(1, (double)all_rows);
-  std::printf("all   | %8.4f | %18.4f | %15.4f |\n", all_far * per, all_uniform * per, all_budget * per);
+  std::printf("all   | %8.4f | %18.4f | %15.4f |", all_far * per, all_uniform * per, all_budget * per);
+  if (grouped)
+    std::printf(" %10.1f | (the groups' keys: %.1f blocks of %lld)", all_gkeys * per, all_gkeys * per / (double)f.block,
+                (long long)f.block);
+  std::printf("\n");
   save_block_budget(out, b);
   std::printf("wrote %s (use: --attention blocktopk:budget=%s)\n", out.c_str(), out.c_str());
-  return {{"out", out},       {"block", f.block},         {"window", f.window},
-          {"sinks", f.sinks}, {"ctx", f.ctx},             {"mean_k", mean_k},
-          {"k_max", cv.k_max}, {"far", all_far * per},    {"missed_uniform", all_uniform * per},
-          {"missed_budget", all_budget * per}, {"tokens", tokens}};
+  nlohmann::json j = {{"out", out},       {"block", f.block},         {"window", f.window},
+                      {"sinks", f.sinks}, {"ctx", f.ctx},             {"mean_k", mean_k},
+                      {"k_max", cv.k_max}, {"far", all_far * per},    {"missed_uniform", all_uniform * per},
+                      {"missed_budget", all_budget * per}, {"tokens", tokens}};
+  if (grouped) j["group_keys"] = all_gkeys * per;
+  return j;
 }
 
 int run_budget(const BudgetFlags& f) {

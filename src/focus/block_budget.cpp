@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <queue>
 #include <tuple>
@@ -46,11 +47,11 @@ void measure_block_mass_call(const AttentionCall& a, BlockMassCurves& cv, const 
   BlockTopKState st(B, kvh_n, hd);
   st.append(cpu::KvView(a.k), kvd, n);
   const int64_t lo = S / B;
-  std::vector<double> miss(H * (KM + 1), 0.0), far(H, 0.0);
+  std::vector<double> miss(H * (KM + 1), 0.0), far(H, 0.0), gkeys(H, 0.0);
   int64_t rows = 0;
 #pragma omp parallel
   {
-    std::vector<double> miss_t(H * (KM + 1), 0.0), far_t(H, 0.0);
+    std::vector<double> miss_t(H * (KM + 1), 0.0), far_t(H, 0.0), gkeys_t(H, 0.0);
     std::vector<float> e(n);
     std::vector<double> bm;
     std::vector<std::pair<float, int32_t>> cand;
@@ -77,8 +78,13 @@ void measure_block_mass_call(const AttentionCall& a, BlockMassCurves& cv, const 
         if (groups) {  // keys the groups read count as neither far nor block mass
           const int32_t* qg = groups->query_groups + (t * H + h) * groups->k;
           const int32_t* kg = (*groups->key_group)[h / groups->heads_per_router].data();
+          int64_t read = 0;
           for (int64_t j = S; j <= f; ++j)
-            if (std::find(qg, qg + groups->k, kg[j]) != qg + groups->k) e[j] = 0.f;
+            if (std::find(qg, qg + groups->k, kg[j]) != qg + groups->k) {
+              e[j] = 0.f;
+              ++read;
+            }
+          gkeys_t[h] += (double)read;
         }
         auto mass = [&](int64_t j0, int64_t j1) {  // probability of keys j0 .. j1-1
           double m = 0;
@@ -112,13 +118,20 @@ void measure_block_mass_call(const AttentionCall& a, BlockMassCurves& cv, const 
 #pragma omp critical
     {
       for (size_t i = 0; i < miss.size(); ++i) miss[i] += miss_t[i];
-      for (int64_t h = 0; h < H; ++h) far[h] += far_t[h];
+      for (int64_t h = 0; h < H; ++h) {
+        far[h] += far_t[h];
+        gkeys[h] += gkeys_t[h];
+      }
       rows += rows_t;
     }
   }
   for (int64_t h = 0; h < H; ++h) {
     for (int64_t k = 0; k <= KM; ++k) cv.missed[(a.layer * H + h) * (KM + 1) + k] += miss[h * (KM + 1) + k];
     cv.far[a.layer * H + h] += far[h];
+  }
+  if (groups) {
+    if (cv.group_keys.empty()) cv.group_keys.assign(cv.layers * H, 0.0);
+    for (int64_t h = 0; h < H; ++h) cv.group_keys[a.layer * H + h] += gkeys[h];
   }
   cv.rows[a.layer] += rows;
 }
@@ -199,16 +212,21 @@ std::vector<std::vector<int64_t>> allocate_block_budget(const BlockMassCurves& c
 void save_block_curves(const std::string& path, const BlockMassCurves& cv, int64_t ctx) {
   const int64_t L = cv.layers, H = cv.heads, K1 = cv.k_max + 1;
   // Stored per row (means), so that float32 keeps them exact enough at any number of rows.
-  std::vector<float> missed(L * H * K1), far(L * H), rows(L);
+  const bool grouped = !cv.group_keys.empty();
+  std::vector<float> missed(L * H * K1), far(L * H), rows(L), gkeys(grouped ? L * H : 0);
   for (int64_t l = 0; l < L; ++l) {
     const double per = cv.rows[l] > 0 ? 1.0 / (double)cv.rows[l] : 0.0;
     rows[l] = (float)cv.rows[l];
     for (int64_t h = 0; h < H; ++h) {
       far[l * H + h] = (float)(cv.far[l * H + h] * per);
+      if (grouped) gkeys[l * H + h] = (float)(cv.group_keys[l * H + h] * per);
       for (int64_t k = 0; k < K1; ++k) missed[(l * H + h) * K1 + k] = (float)(cv.missed_at(l, h, k) * per);
     }
   }
-  io::save_safetensors(path, {{"missed", {{L, H, K1}, missed}}, {"far", {{L, H}, far}}, {"rows", {{L}, rows}}},
+  std::map<std::string, io::F32Tensor> t = {
+      {"missed", {{L, H, K1}, missed}}, {"far", {{L, H}, far}}, {"rows", {{L}, rows}}};
+  if (grouped) t["group_keys"] = {{L, H}, gkeys};
+  io::save_safetensors(path, t,
                        {{"format", "focus-block-curves"},
                         {"block", std::to_string(cv.block)},
                         {"window", std::to_string(cv.window)},
@@ -257,6 +275,14 @@ BlockMassCurves load_block_curves(const std::string& path, int64_t* ctx) {
     FOCUS_CHECK(std::isfinite(rv[l]) && rv[l] >= 0 && rv[l] < 1e15f, path, ": 'rows' holds ", rv[l]);
     cv.rows[l] = (int64_t)rv[l];
   }
+  std::vector<float> gv;
+  if (const io::STTensor* gt = f.find("group_keys")) {
+    const io::STTensor& g = *gt;
+    FOCUS_CHECK(g.shape == std::vector<int64_t>({cv.layers, cv.heads}), path, ": 'group_keys' must be [layers, heads]");
+    gv = f.to_float(g);
+    for (float x : gv) FOCUS_CHECK(std::isfinite(x) && x >= 0, path, ": 'group_keys' holds ", x);
+    cv.group_keys.resize(gv.size());
+  }
   // Back to sums over rows, as measured.
   cv.missed.resize(mv.size());
   cv.far.resize(fv.size());
@@ -264,6 +290,7 @@ BlockMassCurves load_block_curves(const std::string& path, int64_t* ctx) {
   for (int64_t l = 0; l < cv.layers; ++l)
     for (int64_t h = 0; h < cv.heads; ++h) {
       cv.far[l * cv.heads + h] = (double)fv[l * cv.heads + h] * (double)cv.rows[l];
+      if (!gv.empty()) cv.group_keys[l * cv.heads + h] = (double)gv[l * cv.heads + h] * (double)cv.rows[l];
       for (int64_t k = 0; k < K1; ++k)
         cv.missed[(l * cv.heads + h) * K1 + k] = (double)mv[(l * cv.heads + h) * K1 + k] * (double)cv.rows[l];
     }

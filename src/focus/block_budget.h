@@ -33,6 +33,9 @@ struct BlockMassCurves {
   std::vector<double> missed;
   std::vector<double> far;        // [layers * heads] the far probability summed over rows
   std::vector<int64_t> rows;      // [layers] rows with a far key, per layer (0: layer not measured)
+  // Measured around a hybrid's groups (GroupReads): [layers * heads] the far keys (beyond the window
+  // and the sinks) the groups read, summed over rows: what the groups cost. Empty without groups.
+  std::vector<double> group_keys;
   double missed_at(int64_t l, int64_t h, int64_t k) const { return missed[(l * heads + h) * (k_max + 1) + k]; }
 };
 
@@ -73,8 +76,9 @@ std::vector<std::vector<int64_t>> allocate_block_budget(const BlockMassCurves& c
                                                         int64_t cap = -1);
 
 // The curves as a safetensors file (missed [layers, heads, k_max + 1] and far [layers, heads] per
-// row, rows [layers]; block, window, sinks and ctx in its metadata), so that budgets for other
-// means can be made later without measuring again. Load errors name the file.
+// row, rows [layers], and group_keys [layers, heads] per row when measured around groups; block,
+// window, sinks and ctx in its metadata), so that budgets for other means can be made later without
+// measuring again. Load errors name the file.
 void save_block_curves(const std::string& path, const BlockMassCurves& cv, int64_t ctx);
 BlockMassCurves load_block_curves(const std::string& path, int64_t* ctx);
 

@@ -35,6 +35,26 @@ void check_shape(const AttnShape& s) {
   FOCUS_CHECK(s.sinks >= 0, "grouped attention: sinks must be >= 0, got ", s.sinks);
 }
 
+// Ids in [-1, n) of every (row, head)'s list of width k at lists, each id >= 0 at most once per list;
+// what names the ids in errors ("group", "block"). Linear in the lists' size: a list can hold
+// hundreds of blocks (per-head block budgets).
+void check_slot_lists(const AttnShape& s, const int32_t* lists, int64_t k, int64_t n, const char* what) {
+  std::vector<int64_t> seen(n, -1);  // the list an id was last seen in
+  for (int64_t t = 0; t < s.n_q; ++t)
+    for (int64_t h = 0; h < s.heads; ++h) {
+      const int64_t list = t * s.heads + h;
+      const int32_t* g = lists + list * k;
+      for (int64_t c = 0; c < k; ++c) {
+        FOCUS_CHECK(g[c] >= -1 && g[c] < n, "grouped attention: query ", what, " id ", g[c], " (row ", t, ", head ",
+                    h, ", slot ", c, ") outside [-1, ", n, ")");
+        if (g[c] < 0) continue;
+        FOCUS_CHECK(seen[g[c]] != list, "grouped attention: row ", t, ", head ", h, " lists ", what, " ", g[c],
+                    " twice");
+        seen[g[c]] = list;
+      }
+    }
+}
+
 // The query side: slot ids in [-1, G), used ids of one slot list distinct.
 void check_routing(const AttnShape& s, const GroupedRouting& r) {
   FOCUS_CHECK(r.n_groups >= 1 && r.n_groups < (int64_t{1} << 31), "grouped attention: n_groups ", r.n_groups,
@@ -43,33 +63,13 @@ void check_routing(const AttnShape& s, const GroupedRouting& r) {
               r.route_heads, " does not divide heads ", s.heads);
   FOCUS_CHECK(r.kq >= 1, "grouped attention: kq must be >= 1, got ", r.kq);
   FOCUS_CHECK(s.n_q == 0 || r.query_groups, "grouped attention: no query_groups");
-  for (int64_t t = 0; t < s.n_q; ++t)
-    for (int64_t h = 0; h < s.heads; ++h) {
-      const int32_t* g = r.query_groups + (t * s.heads + h) * r.kq;
-      for (int c = 0; c < r.kq; ++c) {
-        FOCUS_CHECK(g[c] >= -1 && g[c] < r.n_groups, "grouped attention: query group id ", g[c], " (row ", t,
-                    ", head ", h, ", slot ", c, ") outside [-1, ", r.n_groups, ")");
-        for (int c2 = 0; c2 < c; ++c2)
-          FOCUS_CHECK(g[c] < 0 || g[c] != g[c2], "grouped attention: row ", t, ", head ", h, " lists group ", g[c],
-                      " twice");
-      }
-    }
+  if (s.n_q > 0) check_slot_lists(s, r.query_groups, r.kq, r.n_groups, "group");
   if (r.kb == 0) return;
   FOCUS_CHECK(r.kb > 0 && r.block_size >= 1, "grouped attention: kb ", r.kb, " and block_size ", r.block_size,
               " must be positive");
   FOCUS_CHECK(s.n_q == 0 || r.query_blocks, "grouped attention: kb ", r.kb, " but no query_blocks");
   const int64_t nb = (s.n_kv + r.block_size - 1) / r.block_size;
-  for (int64_t t = 0; t < s.n_q; ++t)
-    for (int64_t h = 0; h < s.heads; ++h) {
-      const int32_t* b = r.query_blocks + (t * s.heads + h) * r.kb;
-      for (int c = 0; c < r.kb; ++c) {
-        FOCUS_CHECK(b[c] >= -1 && b[c] < nb, "grouped attention: query block id ", b[c], " (row ", t, ", head ", h,
-                    ", slot ", c, ") outside [-1, ", nb, ")");
-        for (int c2 = 0; c2 < c; ++c2)
-          FOCUS_CHECK(b[c] < 0 || b[c] != b[c2], "grouped attention: row ", t, ", head ", h, " lists block ", b[c],
-                      " twice");
-      }
-    }
+  if (s.n_q > 0) check_slot_lists(s, r.query_blocks, r.kb, nb, "block");
 }
 
 // The key side as stored in a routing: [RH, n_kv] ids in [0, G).

@@ -54,6 +54,7 @@ void measure_block_mass_call(const AttentionCall& a, BlockMassCurves& cv, const 
     std::vector<double> miss_t(H * (KM + 1), 0.0), far_t(H, 0.0), gkeys_t(H, 0.0);
     std::vector<float> e(n);
     std::vector<double> bm;
+    std::vector<float> bound;
     std::vector<std::pair<float, int32_t>> cand;
     int64_t rows_t = 0;
 #pragma omp for schedule(dynamic, 8)
@@ -95,11 +96,11 @@ void measure_block_mass_call(const AttentionCall& a, BlockMassCurves& cv, const 
         const double mcur = mass(cur * B, f + 1);
         bm.assign(nb, 0.0);
         cand.resize(nb);
-        const int64_t at0 = (h / hpk) * hd;
+        bound.resize(nb);
+        block_bounds(q, st, h / hpk, lo, cur, bound.data());
         for (int64_t b = lo; b < cur; ++b) {
           bm[b - lo] = mass(b * B, (b + 1) * B);
-          const int64_t at = b * kvd + at0;
-          cand[b - lo] = {block_bound(q, st.kmin.data() + at, st.kmax.data() + at, hd), (int32_t)b};
+          cand[b - lo] = {bound[b - lo], (int32_t)b};
         }
         // The order block top-k chooses in.
         const int64_t kk = std::min(KM, nb);

@@ -80,7 +80,8 @@ int block_topk_select(const AttentionCall& a, const BlockTopKState& st, const Bl
   const int64_t work = a.T * H * max_cand * hd;
 #pragma omp parallel if (work > (int64_t{1} << 18))
   {
-    std::vector<std::vector<std::pair<float, int32_t>>> cand(hpk);
+    std::vector<std::pair<float, int32_t>> cand;
+    std::vector<float> bound;
 #pragma omp for schedule(dynamic, 4)
     for (int64_t t = 0; t < a.T; ++t) {
       const int64_t f = a.pos0 + t - w;
@@ -92,28 +93,18 @@ int block_topk_select(const AttentionCall& a, const BlockTopKState& st, const Bl
         if (nb <= kh[h])  // every candidate fits
           for (int64_t b = lo; b < cur; ++b) slots[1 + b - lo] = (int32_t)b;
       }
-      // Per kv head, every candidate's bounds for its query heads that must choose (each block's
-      // bounds read once).
-      for (int64_t kvh = 0; kvh < c.kv_heads; ++kvh) {
-        bool choose = false;
-        for (int64_t hh = 0; hh < hpk; ++hh) choose |= kh[kvh * hpk + hh] > 0 && nb > kh[kvh * hpk + hh];
-        if (!choose) continue;
-        for (auto& ch : cand) ch.resize(nb);
-        const float* q0 = a.q + t * c.q_dim() + kvh * hpk * hd;
-        for (int64_t b = lo; b < cur; ++b) {
-          const int64_t at = (b * c.kv_heads + kvh) * hd;
-          for (int64_t hh = 0; hh < hpk; ++hh)
-            cand[hh][b - lo] = {block_bound(q0 + hh * hd, st.kmin.data() + at, st.kmax.data() + at, hd), (int32_t)b};
-        }
-        for (int64_t hh = 0; hh < hpk; ++hh) {
-          const int64_t Kh = kh[kvh * hpk + hh];
-          if (Kh == 0 || nb <= Kh) continue;
-          auto& ch = cand[hh];
-          std::nth_element(ch.begin(), ch.begin() + (Kh - 1), ch.end(), block_ranks_before);
-          std::sort(ch.begin(), ch.begin() + Kh, [](const auto& x, const auto& y) { return x.second < y.second; });
-          int32_t* slots = qg.data() + (t * H + kvh * hpk + hh) * kq;
-          for (int64_t i = 0; i < Kh; ++i) slots[1 + i] = ch[i].second;
-        }
+      // Each query head that must choose scores every candidate and keeps its top Kh, ascending.
+      for (int64_t h = 0; h < H; ++h) {
+        const int64_t Kh = kh[h];
+        if (Kh == 0 || nb <= Kh) continue;
+        bound.resize(nb);
+        block_bounds(a.q + t * c.q_dim() + h * hd, st, h / hpk, lo, cur, bound.data());
+        cand.resize(nb);
+        for (int64_t b = lo; b < cur; ++b) cand[b - lo] = {bound[b - lo], (int32_t)b};
+        std::nth_element(cand.begin(), cand.begin() + (Kh - 1), cand.end(), block_ranks_before);
+        std::sort(cand.begin(), cand.begin() + Kh, [](const auto& x, const auto& y) { return x.second < y.second; });
+        int32_t* slots = qg.data() + (t * H + h) * kq;
+        for (int64_t i = 0; i < Kh; ++i) slots[1 + i] = cand[i].second;
       }
     }
   }
@@ -134,12 +125,13 @@ void BlockTopKState::append(cpu::KvView k, int64_t kv_stride, int64_t n) {
   index.append(kg.data(), n - n0);
   key_group.insert(key_group.end(), kg.begin(), kg.end());
   // Bounds of the blocks completed by these keys (earlier complete blocks never change).
-  const int64_t b0 = complete_blocks(), b1 = n / B;
-  kmin.resize(b1 * kvd, std::numeric_limits<float>::infinity());
-  kmax.resize(b1 * kvd, -std::numeric_limits<float>::infinity());
+  const int64_t b0 = complete_blocks(), b1 = n / B, hd = head_dim;
+  const int64_t tiles = (b1 + kBlockTile - 1) / kBlockTile;
+  range.resize(tiles * kv_heads * hd * 2 * kBlockTile, 0.f);
+  std::vector<float> mn(kvd), mx(kvd);
   for (int64_t b = b0; b < b1; ++b) {
-    float* mn = kmin.data() + b * kvd;
-    float* mx = kmax.data() + b * kvd;
+    std::fill(mn.begin(), mn.end(), std::numeric_limits<float>::infinity());
+    std::fill(mx.begin(), mx.end(), -std::numeric_limits<float>::infinity());
     cpu::with_kv_type(k.type, [&](auto tag) {
       using E = decltype(tag);
       for (int64_t j = b * B; j < (b + 1) * B; ++j) {
@@ -151,18 +143,68 @@ void BlockTopKState::append(cpu::KvView k, int64_t kv_stride, int64_t n) {
         }
       }
     });
+    for (int64_t kvh = 0; kvh < kv_heads; ++kvh)
+      for (int64_t d = 0; d < hd; ++d) {
+        range[at(b, kvh, d)] = mn[kvh * hd + d];
+        range[at(b, kvh, d) + kBlockTile] = mx[kvh * hd + d];
+      }
   }
+  blocks_done = b1;
 }
 
 void BlockTopKState::truncate(int64_t n) {
   if (n >= len()) return;
   key_group.resize(n);
   index.truncate(n);
-  // A block cut short is no longer complete: its bounds go, to be made again from its new keys.
-  const int64_t keep = (n / block) * kv_heads * head_dim;
-  if ((int64_t)kmin.size() > keep) {
-    kmin.resize(keep);
-    kmax.resize(keep);
+  // A block cut short is no longer complete: its bounds go, to be made again from its new keys
+  // (append writes every lane of a block it completes).
+  blocks_done = std::min(blocks_done, n / block);
+  range.resize((blocks_done + kBlockTile - 1) / kBlockTile * kv_heads * head_dim * 2 * kBlockTile);
+}
+
+namespace {
+
+// Bounds of N consecutive tiles from tile t0 (N accumulator chains, to cover the FMA latency).
+template <int N>
+void tile_bounds(const float* q, const BlockTopKState& st, int64_t kvh, int64_t t0, const int64_t* side,
+                 float* out) {
+  using namespace cpu::simd;
+  constexpr int64_t L = BlockTopKState::kBlockTile;
+  const int64_t hd = st.head_dim, tile_stride = st.kv_heads * hd * 2 * L;
+  const float* r = st.range.data() + st.at(t0 * L, kvh, 0);
+  vf acc[N];
+  for (int i = 0; i < N; ++i) acc[i] = bcast(0.f);
+  for (int64_t d = 0; d < hd; ++d) {
+    const vf qd = bcast(q[d]);
+    for (int i = 0; i < N; ++i) acc[i] = vfma(qd, load(r + i * tile_stride + side[d]), acc[i]);
+  }
+  for (int i = 0; i < N; ++i) store(out + i * L, acc[i]);
+}
+
+}  // namespace
+
+void block_bounds(const float* q, const BlockTopKState& st, int64_t kvh, int64_t b0, int64_t b1, float* out) {
+  constexpr int64_t L = BlockTopKState::kBlockTile;
+  constexpr int kTiles = 4;
+  const int64_t hd = st.head_dim;
+  FOCUS_CHECK(b0 >= 0 && b1 <= st.complete_blocks(), "block top-k: bounds of blocks ", b0, " .. ", b1 - 1, " asked, ",
+              st.complete_blocks(), " complete");
+  if (b1 <= b0) return;
+  // Per dimension, the side of the blocks' range the sign of q_d picks (the larger product): an
+  // offset into a tile, the same for every tile. Each block's bound is its own chain of FMAs over
+  // d in order, whichever tiles it is computed with.
+  static thread_local std::vector<int64_t> side;
+  side.resize(hd);
+  for (int64_t d = 0; d < hd; ++d) side[d] = d * 2 * L + (q[d] >= 0.f ? L : 0);
+  alignas(64) float buf[kTiles * L];
+  const int64_t t_end = (b1 + L - 1) / L;
+  for (int64_t t = b0 / L; t < t_end;) {
+    const int64_t n = t_end - t >= kTiles ? kTiles : 1;
+    if (n == kTiles) tile_bounds<kTiles>(q, st, kvh, t, side.data(), buf);
+    else tile_bounds<1>(q, st, kvh, t, side.data(), buf);
+    const int64_t lo = std::max(b0, t * L), hi = std::min(b1, (t + n) * L);
+    for (int64_t b = lo; b < hi; ++b) out[b - b0] = buf[b - t * L];
+    t += n;
   }
 }
 

@@ -21,6 +21,7 @@
 
 #include "kernels/cpu/grouped_attention.h"
 #include "kernels/cpu/kv_types.h"
+#include "kernels/cpu/simd.h"
 #include "model/attention.h"
 
 namespace focus {
@@ -41,16 +42,6 @@ struct BlockTopKSettings {
   }
 };
 
-// Quest's upper bound of q.k over a block: each term is the largest q_d * k_d any key of the
-// block can reach, which is q_d times the block's max or min of dimension d by the sign of q_d.
-// (Shared by the selection and the budget calibration, so both rank blocks with the same bits.)
-inline float block_bound(const float* q, const float* kmn, const float* kmx, int64_t hd) {
-  float acc = 0.f;
-#pragma omp simd reduction(+ : acc)
-  for (int64_t d = 0; d < hd; ++d) acc += std::max(q[d] * kmx[d], q[d] * kmn[d]);
-  return acc;
-}
-
 // The order blocks are chosen in: larger bound first, ties to the lower block index, so the
 // choice does not depend on the order the candidates were scored in.
 inline bool block_ranks_before(const std::pair<float, int32_t>& a, const std::pair<float, int32_t>& b) {
@@ -68,6 +59,9 @@ std::shared_ptr<const AttentionPolicy> block_topk_attention(const BlockTopKSetti
 // What the policy keeps about one layer's cached keys: their blocks (the kernel's key groups and
 // the index of their members) and the bounds of every complete block.
 struct BlockTopKState final : AttentionState {
+  // Blocks are scored kBlockTile at a time: a tile's minima (and maxima) are stored dimension by
+  // dimension, the tile's blocks side by side, so one vector operation serves a tile's blocks.
+  static constexpr int64_t kBlockTile = cpu::simd::kV;
   BlockTopKState(int64_t block_, int64_t kv_heads_, int64_t head_dim_)
       : block(block_), kv_heads(kv_heads_), head_dim(head_dim_) {
     index.reset(1, 1);
@@ -75,16 +69,31 @@ struct BlockTopKState final : AttentionState {
   int64_t block = 0, kv_heads = 0, head_dim = 0;
   std::vector<int32_t> key_group;  // [len] j / block
   cpu::GroupedKeyIndex index;      // grows with the sequence, never rebuilt
-  std::vector<float> kmin, kmax;   // [complete blocks, kv_heads, head_dim]
-  int64_t index_grows = 0;         // how often the index gained groups (once per new block at most)
+  // Elementwise minimum and maximum of each complete block's keys, per kv head:
+  // [tiles][kv_heads][head_dim][min, max][kBlockTile]; lanes of blocks not complete are unused.
+  std::vector<float> range;
+  int64_t blocks_done = 0;   // complete blocks
+  int64_t index_grows = 0;   // how often the index gained groups (once per new block at most)
 
   int64_t len() const { return (int64_t)key_group.size(); }
-  int64_t complete_blocks() const { return (int64_t)kmin.size() / (kv_heads * head_dim); }
+  int64_t complete_blocks() const { return blocks_done; }
+  // Where block b's minimum of dimension d of kv head kvh is; its maximum is kBlockTile further.
+  int64_t at(int64_t b, int64_t kvh, int64_t d) const {
+    return (((b / kBlockTile) * kv_heads + kvh) * head_dim + d) * 2 * kBlockTile + b % kBlockTile;
+  }
+  float min_of(int64_t b, int64_t kvh, int64_t d) const { return range[at(b, kvh, d)]; }
+  float max_of(int64_t b, int64_t kvh, int64_t d) const { return range[at(b, kvh, d) + kBlockTile]; }
   // Takes in keys len() .. n-1 of k ([n, kv_heads * head_dim] rows kv_stride elements apart, floats
   // or a KV cache's elements: a block's bounds are made when its last key arrives, from all of its keys).
   void append(cpu::KvView k, int64_t kv_stride, int64_t n);
   void truncate(int64_t n) override;
 };
+
+// Quest's upper bound of q.k over each complete block b0 .. b1-1 of kv head kvh, into out[b - b0]:
+//   bound(q, b) = sum_d max(q_d * kmax_b,d, q_d * kmin_b,d) = sum_d q_d * (q_d >= 0 ? kmax_b,d : kmin_b,d),
+// summed over d in order. The selection and the budget calibration (block_budget.h) both score
+// with it, so they rank blocks with the same bits.
+void block_bounds(const float* q, const BlockTopKState& st, int64_t kvh, int64_t b0, int64_t b1, float* out);
 
 // The blocks of every (row, head) of call a into qg [T, heads, kq]; returns kq = s.k + 1 (or
 // fewer when the call's rows have fewer candidates). Slot 0 holds the block of the row's last far

@@ -122,7 +122,7 @@ TEST(BlockTopK, MatchesBruteForceDefinition) {
       settings(3, 0, 6, 1, {100, 2, 0, 1})};
   for (const BlockTopKSettings& s : cases) {
     std::string ks;
-    for (int64_t x : s.head_k) ks += " " + std::to_string(x);
+    for (int64_t x : s.head_k) ks.append(" ").append(std::to_string(x));
     SCOPED_TRACE("block " + std::to_string(s.block) + " k " + std::to_string(s.k) + " window " +
                  std::to_string(s.window) + " sinks " + std::to_string(s.sinks) + " head k" + ks);
     const auto policy = block_topk_attention(s);
@@ -150,6 +150,64 @@ TEST(BlockTopK, MatchesBruteForceDefinition) {
     for (int64_t i = 0; i < n * c.q_dim(); ++i) err = std::max(err, std::fabs(out[i] - ref[i]) / (1 + std::fabs(ref[i])));
     EXPECT_LT(err, 1e-5);
   }
+}
+
+// block_bounds against Quest's bound in float64 from the keys themselves: for ranges that start
+// and end inside vector tiles, whole runs of tiles and single blocks; on every kv head; and after a
+// rollback into the middle of a block followed by other keys, where the bounds are those of a
+// state that only ever saw the new keys.
+TEST(BlockTopK, BoundsMatchFloat64) {
+  const int64_t kvh_n = 2, hd = 12, kvd = kvh_n * hd, B = 2, n = 301;  // 150 complete blocks
+  const auto q = random_normal(hd, 31, 1.f);
+  const auto k = random_normal(n * kvd, 32, 1.f);
+  auto reference = [&](const std::vector<float>& keys, int64_t kvh, int64_t b) {
+    double bound = 0;
+    for (int64_t d = 0; d < hd; ++d) {
+      double mn = INFINITY, mx = -INFINITY;
+      for (int64_t j = b * B; j < (b + 1) * B; ++j) {
+        mn = std::min(mn, (double)keys[j * kvd + kvh * hd + d]);
+        mx = std::max(mx, (double)keys[j * kvd + kvh * hd + d]);
+      }
+      bound += std::max((double)q[d] * mn, (double)q[d] * mx);
+    }
+    return bound;
+  };
+  auto check = [&](const BlockTopKState& st, const std::vector<float>& keys) {
+    ASSERT_EQ(st.complete_blocks(), st.len() / B);
+    for (int64_t kvh = 0; kvh < kvh_n; ++kvh)
+      for (auto [b0, b1] : std::vector<std::pair<int64_t, int64_t>>{
+               {0, st.complete_blocks()}, {3, 77}, {5, 6}, {st.complete_blocks() - 9, st.complete_blocks()}, {40, 40}}) {
+        std::vector<float> out(std::max<int64_t>(1, b1 - b0), -7.f);
+        block_bounds(q.data(), st, kvh, b0, b1, out.data());
+        for (int64_t b = b0; b < b1; ++b) {
+          ASSERT_NEAR(out[b - b0], reference(keys, kvh, b), 1e-5 * (1 + std::fabs(reference(keys, kvh, b))))
+              << "kv head " << kvh << " block " << b << " of " << b0 << " .. " << b1;
+        }
+        if (b1 == b0) {
+          EXPECT_EQ(out[0], -7.f);  // an empty range writes nothing
+        }
+      }
+  };
+  BlockTopKState st(B, kvh_n, hd);
+  st.append(cpu::KvView(k.data()), kvd, 37);
+  st.append(cpu::KvView(k.data()), kvd, n);
+  check(st, k);
+  // Back to 121 keys (block 60 cut short), then other keys from there on.
+  std::vector<float> k2 = k;
+  const auto other = random_normal((n - 121) * kvd, 33, 3.f);
+  std::copy(other.begin(), other.end(), k2.begin() + 121 * kvd);
+  st.truncate(121);
+  EXPECT_EQ(st.complete_blocks(), 60);
+  st.append(cpu::KvView(k2.data()), kvd, n);
+  check(st, k2);
+  BlockTopKState fresh(B, kvh_n, hd);
+  fresh.append(cpu::KvView(k2.data()), kvd, n);
+  std::vector<float> a(fresh.complete_blocks()), b(fresh.complete_blocks());
+  block_bounds(q.data(), st, 1, 0, st.complete_blocks(), a.data());
+  block_bounds(q.data(), fresh, 1, 0, fresh.complete_blocks(), b.data());
+  EXPECT_EQ(a, b);
+  // Blocks not complete are refused.
+  EXPECT_THROW(block_bounds(q.data(), st, 0, 0, st.complete_blocks() + 1, a.data()), focus::Error);
 }
 
 // K large enough to read every block: dense causal attention, at density one.

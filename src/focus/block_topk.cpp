@@ -125,7 +125,7 @@ void BlockTopKState::append(cpu::KvView k, int64_t kv_stride, int64_t n) {
   index.append(kg.data(), n - n0);
   key_group.insert(key_group.end(), kg.begin(), kg.end());
   // Bounds of the blocks completed by these keys (earlier complete blocks never change).
-  const int64_t b0 = complete_blocks(), b1 = n / B, hd = head_dim;
+  const int64_t b0 = n0 / B, b1 = n / B, hd = head_dim;
   const int64_t tiles = (b1 + kBlockTile - 1) / kBlockTile;
   range.resize(tiles * kv_heads * hd * 2 * kBlockTile, 0.f);
   std::vector<float> mn(kvd), mx(kvd);
@@ -149,7 +149,6 @@ void BlockTopKState::append(cpu::KvView k, int64_t kv_stride, int64_t n) {
         range[at(b, kvh, d) + kBlockTile] = mx[kvh * hd + d];
       }
   }
-  blocks_done = b1;
 }
 
 void BlockTopKState::truncate(int64_t n) {
@@ -158,8 +157,7 @@ void BlockTopKState::truncate(int64_t n) {
   index.truncate(n);
   // A block cut short is no longer complete: its bounds go, to be made again from its new keys
   // (append writes every lane of a block it completes).
-  blocks_done = std::min(blocks_done, n / block);
-  range.resize((blocks_done + kBlockTile - 1) / kBlockTile * kv_heads * head_dim * 2 * kBlockTile);
+  range.resize((complete_blocks() + kBlockTile - 1) / kBlockTile * kv_heads * head_dim * 2 * kBlockTile);
 }
 
 namespace {

@@ -72,17 +72,14 @@ struct BlockTopKState final : AttentionState {
   // Elementwise minimum and maximum of each complete block's keys, per kv head:
   // [tiles][kv_heads][head_dim][min, max][kBlockTile]; lanes of blocks not complete are unused.
   std::vector<float> range;
-  int64_t blocks_done = 0;   // complete blocks
   int64_t index_grows = 0;   // how often the index gained groups (once per new block at most)
 
   int64_t len() const { return (int64_t)key_group.size(); }
-  int64_t complete_blocks() const { return blocks_done; }
+  int64_t complete_blocks() const { return len() / block; }
   // Where block b's minimum of dimension d of kv head kvh is; its maximum is kBlockTile further.
   int64_t at(int64_t b, int64_t kvh, int64_t d) const {
     return (((b / kBlockTile) * kv_heads + kvh) * head_dim + d) * 2 * kBlockTile + b % kBlockTile;
   }
-  float min_of(int64_t b, int64_t kvh, int64_t d) const { return range[at(b, kvh, d)]; }
-  float max_of(int64_t b, int64_t kvh, int64_t d) const { return range[at(b, kvh, d) + kBlockTile]; }
   // Takes in keys len() .. n-1 of k ([n, kv_heads * head_dim] rows kv_stride elements apart, floats
   // or a KV cache's elements: a block's bounds are made when its last key arrives, from all of its keys).
   void append(cpu::KvView k, int64_t kv_stride, int64_t n);

@@ -67,6 +67,7 @@ def split(blocks, hybrid, cost, lam, allow):
 
 
 def solve(blocks, hybrid, cost, mean, allow, valid):
+    """The split at the multiplier whose mean K (groups' cost counted) is mean, by bisection."""
     lo, hi = 1e-12, 10.0
     for _ in range(200):
         mid = (lo * hi) ** 0.5
@@ -75,8 +76,7 @@ def solve(blocks, hybrid, cost, mean, allow, valid):
             lo = mid
         else:
             hi = mid
-    k, miss, use_b = split(blocks, hybrid, cost, hi, allow)
-    return k[valid].mean(), miss[valid].mean(), int(use_b[valid].sum())
+    return split(blocks, hybrid, cost, hi, allow)
 
 
 def main():
@@ -110,19 +110,13 @@ def main():
     print("| mean blocks | blocks alone | groups on every head | best per head (heads with groups) |")
     print("|---|---|---|---|")
     for m in a.mean:
-        r = [solve(B, H, cost, m, allow, valid) for allow in ("blocks", "groups", "choose")]
-        print(f"| {m:g} | {r[0][1]:.4f} | {r[1][1]:.4f} | {r[2][1]:.4f} ({r[2][2]} of {int(valid.sum())}) |")
+        miss = [solve(B, H, cost, m, allow, valid)[1][valid].mean() for allow in ("blocks", "groups")]
+        _, miss_best, use_b = solve(B, H, cost, m, "choose", valid)
+        print(f"| {m:g} | {miss[0]:.4f} | {miss[1]:.4f} | {miss_best[valid].mean():.4f} "
+              f"({int(use_b[valid].sum())} of {int(valid.sum())}) |")
     # Worth per head at the hybrid's own budget for the largest mean: the blocks-alone K that leaves
     # as little unread as the groups plus the head's hybrid K do, minus that hybrid K.
-    lo, hi = 1e-12, 10.0
-    for _ in range(200):
-        mid = (lo * hi) ** 0.5
-        k, _, _ = split(B, H, cost, mid, "groups")
-        if k[valid].mean() > max(a.mean):
-            lo = mid
-        else:
-            hi = mid
-    k, miss, _ = split(B, H, cost, hi, "groups")
+    k, miss, _ = solve(B, H, cost, max(a.mean), "groups", valid)
     kh = np.rint(k - cost).astype(int)
     worth = []
     for l, hh in zip(*np.nonzero(valid)):

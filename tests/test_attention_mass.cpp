@@ -125,6 +125,7 @@ struct Ref {
       }
     return out;
   }
+  std::vector<uint8_t> out;  // [H, n, n] pairs left out (MassExclusion), or empty
   bool is_far(int64_t i, int64_t j) const { return j <= i - s.local_window && j >= s.sinks; }
   int64_t rows(MassHeads m) const { return m == MassHeads::Mean ? 1 : s.kv_heads; }
   // Mean over the heads of output row r of A^h_ij (0 unless far).
@@ -132,7 +133,8 @@ struct Ref {
     if (!is_far(i, j)) return 0.0;
     const int64_t hpr = s.heads / rows(m), n = s.n_q;
     double sum = 0;
-    for (int64_t h = r * hpr; h < (r + 1) * hpr; ++h) sum += A[(h * n + i) * n + j];
+    for (int64_t h = r * hpr; h < (r + 1) * hpr; ++h)
+      if (out.empty() || !out[(h * n + i) * n + j]) sum += A[(h * n + i) * n + j];
     return sum / hpr;
   }
   void forward(MassHeads m, const VF& X, int64_t C, VD& M, VD& far) const {
@@ -164,12 +166,13 @@ struct Out {
   VF M, far, dX;
 };
 
-Out run_kernels(const Case& c, const VF& lse, MassHeads m, const VF& X, const VF& dM, int64_t C) {
+Out run_kernels(const Case& c, const VF& lse, MassHeads m, const VF& X, const VF& dM, int64_t C,
+                const focus::cpu::MassExclusion* ex = nullptr) {
   const int64_t R = m == MassHeads::Mean ? 1 : c.s.kv_heads, n = c.s.n_q;
   Out o{VF(n * R * C, -7.f), VF(n * R, -7.f), VF(n * C, 0.f)};  // M and far are written, dX accumulated
   focus::cpu::attention_mass_forward(c.q.data(), c.k.data(), lse.data(), X.data(), C, c.s, m, o.M.data(),
-                                     o.far.data());
-  focus::cpu::attention_mass_backward(c.q.data(), c.k.data(), lse.data(), dM.data(), C, c.s, m, o.dX.data());
+                                     o.far.data(), ex);
+  focus::cpu::attention_mass_backward(c.q.data(), c.k.data(), lse.data(), dM.data(), C, c.s, m, o.dX.data(), ex);
   return o;
 }
 
@@ -225,6 +228,53 @@ TEST(AttentionMassKernel, EveryLayoutAndGroupCount) {
   uint32_t seed = 2000;
   for (auto [H, KVH] : {std::pair<int64_t, int64_t>{4, 4}, {6, 2}, {6, 1}})
     for (int64_t C : {1, 4, 16}) check_case(shape(130, H, KVH, 16, 8, 1), C, C == 4, seed += 10);
+}
+
+TEST(AttentionMassKernel, LeftOutPairsMatchFloat64Reference) {
+  // Random pairs left out per head (a third of them, some rows with every bit of a word set, bits
+  // on pairs that are not far anyway), against the brute force that skips the same pairs.
+  uint32_t seed = 2500;
+  for (int64_t n : {17, 130, 333})
+    for (auto [H, KVH] : {std::pair<int64_t, int64_t>{4, 4}, {6, 2}, {4, 1}}) {
+      const AttnShape s = shape(n, H, KVH, 32, n == 17 ? 3 : 20, 1);
+      const int64_t C = 4, words = (n + 63) / 64;
+      const Case c = make_case(s, seed += 10);
+      Ref ref(c);
+      std::mt19937 rng(seed);
+      ref.out.assign(H * n * n, 0);
+      std::vector<uint64_t> by_row(H * n * words, 0), by_key(H * n * words, 0);
+      for (int64_t h = 0; h < H; ++h)
+        for (int64_t i = 0; i < n; ++i) {
+          const bool all = rng() % 16 == 0;
+          for (int64_t j = 0; j < n; ++j)
+            if (all || rng() % 3 == 0) {
+              ref.out[(h * n + i) * n + j] = 1;
+              by_row[(h * n + i) * words + j / 64] |= uint64_t{1} << (j % 64);
+              by_key[(h * n + j) * words + i / 64] |= uint64_t{1} << (i % 64);
+            }
+        }
+      const focus::cpu::MassExclusion ex{by_row.data(), by_key.data(), words};
+      const VF X = make_assignment(n, C, false, seed + 1);
+      for (MassHeads m : {MassHeads::Mean, MassHeads::PerKvHead}) {
+        SCOPED_TRACE(::testing::Message() << "n " << n << " H " << H << "/" << KVH
+                                          << (m == MassHeads::Mean ? " mean" : " per kv head"));
+        const VF dM = make_normal(n * ref.rows(m) * C, seed + 2);
+        VD rM, rfar;
+        ref.forward(m, X, C, rM, rfar);
+        const VD rdX = ref.backward(m, dM, C);
+        const Out o = run_kernels(c, c.lse, m, X, dM, C, &ex);
+        EXPECT_LT(rel_err(o.M, rM), kTol) << "M";
+        EXPECT_LT(rel_err(o.far, rfar), kTol) << "far";
+        EXPECT_LT(rel_err(o.dX, rdX), kTol) << "dX";
+        // And the exclusion did something: without it the far mass is larger.
+        const Out full = run_kernels(c, c.lse, m, X, dM, C);
+        double with = 0, without = 0;
+        for (int64_t i = 0; i < (int64_t)o.far.size(); ++i) with += o.far[i], without += full.far[i];
+        if (n > 17) {
+          EXPECT_LT(with, 0.8 * without);
+        }
+      }
+    }
 }
 
 TEST(AttentionMassKernel, BackwardIsTheTranspose) {
@@ -344,4 +394,15 @@ TEST(AttentionMassKernel, RejectsBadInputs) {
   EXPECT_THROW(focus::cpu::attention_mass_forward(q.data(), k.data(), lse.data(), nullptr, 2, s, MassHeads::Mean,
                                                   M.data()),
                focus::Error);  // M without X
+  std::vector<uint64_t> bits(2 * 4 * 1, 0);
+  focus::cpu::MassExclusion ex{bits.data(), nullptr, 1};
+  EXPECT_NO_THROW(focus::cpu::attention_mass_forward(q.data(), k.data(), lse.data(), X.data(), 2, s, MassHeads::Mean,
+                                                     M.data(), nullptr, &ex));
+  EXPECT_THROW(focus::cpu::attention_mass_backward(q.data(), k.data(), lse.data(), X.data(), 2, s, MassHeads::Mean,
+                                                   dX.data(), &ex),
+               focus::Error);  // no transposed bits
+  ex.words = 2;  // 4 tokens fit in one word
+  EXPECT_THROW(focus::cpu::attention_mass_forward(q.data(), k.data(), lse.data(), X.data(), 2, s, MassHeads::Mean,
+                                                  M.data(), nullptr, &ex),
+               focus::Error);
 }

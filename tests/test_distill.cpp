@@ -127,6 +127,73 @@ TEST(Distill, MeasuresFarMassAndNeedsAsymmetricRouters) {
   EXPECT_THROW(distill_loss_and_grad(*m, sym, tw, 1.0f, DistillOptions{}, nullptr, nullptr), Error);
 }
 
+// Residual distillation: the far mass left as the target is what block top-k with the budgets
+// leaves unread, head by head, which the block budget calibration measures on its own (its
+// curves at each head's budget); budgets that read every block leave nothing to learn.
+TEST(Distill, ResidualTargetIsWhatTheBudgetedBlocksMiss) {
+  auto m = random_model(Arch::Llama, 13);
+  const ModelConfig& c = m->cfg;
+  const int64_t n = 70, B = 4, w = 5, S = 1, KM = 20;
+  // The calibration runs windows of n positions with BOS first when the model has one.
+  const int32_t bos = m->tok ? m->tok->bos() : -1;
+  std::vector<int32_t> ids = window_of(n, c.vocab, 8).ids;
+  std::vector<int32_t> cal_ids = ids;
+  if (bos >= 0) {
+    cal_ids.pop_back();
+    ids.insert(ids.begin(), bos);
+    ids.pop_back();
+  }
+  const BlockMassCurves cv = measure_block_mass(*m, cal_ids, n, B, w, S, KM, false);
+  auto budget = std::make_shared<BlockBudget>();
+  budget->block = B;
+  budget->window = w;
+  budget->sinks = S;
+  budget->ctx = n;
+  budget->k.assign(c.layers, {});
+  for (int64_t l = 0; l < c.layers; ++l)
+    for (int64_t h = 0; h < c.heads; ++h) budget->k[l].push_back((l + 2 * h) % 4);
+  const std::vector<int32_t> targets(n, 1);
+  const TrainWindow tw{ids.data(), n, targets.data()};
+  for (bool per_head : {false, true}) {
+    SCOPED_TRACE(per_head ? "a router per head" : "a router per layer");
+    FocusSettings s = asym_settings(4, 1, w);
+    s.per_head = per_head;
+    const FocusRouters f = focus_init(c, s, 5);
+    DistillOptions o;
+    o.residual = budget;
+    DistillStats st, plain;
+    distill_loss_and_grad(*m, f, tw, 1.0f, o, nullptr, &st);
+    distill_loss_and_grad(*m, f, tw, 1.0f, DistillOptions{}, nullptr, &plain);
+    for (int64_t l = 0; l < c.layers; ++l) {
+      const int64_t rpl = f.routers_per_layer, hpr = c.heads / rpl;
+      for (int64_t r = 0; r < rpl; ++r) {
+        double missed = 0, far = 0;
+        for (int64_t h = r * hpr; h < (r + 1) * hpr; ++h) {
+          missed += cv.missed_at(l, h, budget->k[l][h]) / hpr;
+          far += cv.far[l * c.heads + h] / hpr;
+        }
+        const int64_t router = f.router_of_layer[l] + r;
+        EXPECT_NEAR(st.far_sum[router], missed, 1e-4 * far) << "layer " << l << " router " << r;
+        EXPECT_NEAR(plain.far_sum[router], far, 1e-4 * far) << "layer " << l << " router " << r;
+        EXPECT_LT(st.far_sum[router], 0.9 * plain.far_sum[router]);
+      }
+    }
+    // Budgets beyond every candidate: nothing far is left unread.
+    auto all = std::make_shared<BlockBudget>(*budget);
+    for (auto& kl : all->k) std::fill(kl.begin(), kl.end(), int64_t{1000});
+    o.residual = all;
+    DistillStats none;
+    const LossGrad lg = distill_loss_and_grad(*m, f, tw, 1.0f, o, nullptr, &none);
+    EXPECT_EQ(lg.scored, 0);
+    EXPECT_EQ(none.rows, 0);
+    // Budgets measured with another window are refused.
+    auto other = std::make_shared<BlockBudget>(*budget);
+    other->window = w + 1;
+    o.residual = other;
+    EXPECT_THROW(distill_loss_and_grad(*m, f, tw, 1.0f, o, nullptr, nullptr), Error);
+  }
+}
+
 // Queries that read every group see every key: the asymmetric hard policy equals dense attention.
 TEST(AsymmetricRouting, ReadingEveryGroupIsDense) {
   auto m = random_model(Arch::Llama, 13);

@@ -5,6 +5,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/process.h"
+#include "core/error.h"
 #include "cli/setup.h"
 #include "train/retrofit.h"
 
@@ -15,6 +16,7 @@ struct RetrofitFlags {
   ModelSetup s;
   RetrofitOptions o;
   std::string balance = "none";
+  std::string residual_budget;
   CLI::App* app = nullptr;
 };
 
@@ -34,6 +36,10 @@ int run_retrofit_cmd(const RetrofitFlags& f) {
       if (!f.app->count("--route-on-qk")) o.focus.route_on_qk = s.route_on_qk;
       if (!f.app->count("--key-capacity")) o.focus.key_capacity = s.key_capacity;
     }
+  }
+  if (!f.residual_budget.empty()) {
+    FOCUS_CHECK(o.objective == "distill", "--residual-budget needs --objective distill");
+    o.distill.residual = std::make_shared<BlockBudget>(load_block_budget(f.residual_budget));
   }
   o.balance = parse_balance(f.balance);
   if (o.objective == "distill" && !f.app->count("--balance")) o.balance = Balance::Swav;
@@ -113,6 +119,9 @@ Command add_retrofit(CLI::App& app) {
   sub->add_flag("--per-kv-head", o.focus.per_kv_head, "distill, sparse: one router per kv head (its query heads follow it)");
   sub->add_flag("--per-head", o.focus.per_head, "distill, sparse: one router per query head (keys routed once per router)");
   sub->add_option("--key-weight", o.distill.key_weight, "distill: weight of the key purity term");
+  sub->add_option("--residual-budget", f->residual_budget,
+                  "distill: per-head block budgets (`focus budget`, same window and sinks); the routers learn only "
+                  "the far attention that block top-k with them leaves unread (the groups of a hybrid pattern)");
   sub->add_option("--key-capacity", o.focus.key_capacity,
                   "distill, sparse: a group holds at most this times the mean key load (sparse: in training too)");
   sub->add_option("--init", o.init,

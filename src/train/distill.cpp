@@ -5,6 +5,7 @@
 
 #include "core/error.h"
 #include "focus/balancing.h"
+#include "focus/block_topk.h"
 #include "focus/focus_attention.h"
 #include "kernels/cpu/attention.h"
 #include "kernels/cpu/attention_mass.h"
@@ -22,6 +23,38 @@ namespace {
 
 // Rows whose far mass is below this carry no target (the first w + S rows have none at all).
 constexpr float kMinFar = 1e-6f;
+
+// The pairs block top-k with budget b reads on layer a.layer, as MassExclusion bits over all the
+// call's heads: by_row [H, T, words], by_key its transpose.
+void block_read_bits(const AttentionCall& a, const BlockBudget& b, std::vector<uint64_t>& by_row,
+                     std::vector<uint64_t>& by_key) {
+  const ModelConfig& c = *a.cfg;
+  const int64_t T = a.T, H = c.heads, words = (T + 63) / 64;
+  FOCUS_CHECK(a.layer < (int64_t)b.k.size() && (int64_t)b.k[a.layer].size() == H, "residual distillation: the budget "
+              "file has no budgets for the ", H, " heads of layer ", a.layer, " (calibrate on this model)");
+  BlockTopKSettings bs;
+  bs.block = b.block;
+  bs.window = b.window;
+  bs.sinks = b.sinks;
+  bs.set_head_k(b.k[a.layer]);
+  BlockTopKState st(bs.block, c.kv_heads, c.head_dim);
+  st.append(cpu::KvView(a.k), c.kv_dim(), T);
+  std::vector<int32_t> qg;
+  const int kq = block_topk_select(a, st, bs, qg);
+  by_row.assign(H * T * words, 0);
+  by_key.assign(H * T * words, 0);
+#pragma omp parallel for schedule(dynamic, 1)
+  for (int64_t h = 0; h < H; ++h)
+    for (int64_t t = 0; t < T; ++t)
+      for (int q = 0; q < kq; ++q) {
+        const int32_t blk = qg[(t * H + h) * kq + q];
+        if (blk < 0) continue;
+        for (int64_t j = blk * bs.block; j < std::min(T, (blk + 1) * bs.block); ++j) {
+          by_row[(h * T + t) * words + j / 64] |= uint64_t{1} << (j % 64);
+          by_key[(h * T + j) * words + t / 64] |= uint64_t{1} << (t % 64);
+        }
+      }
+}
 
 // Dense, exact attention on a router layer, and the router's distillation from it.
 class DistillAttention final : public AttentionPolicy {
@@ -47,13 +80,20 @@ class DistillAttention final : public AttentionPolicy {
     s.sinks = fs_.sinks;
     s.heads = H / rh_;
     s.kv_heads = std::max<int64_t>(1, HKV / rh_);
-    for (int64_t r = 0; r < rh_; ++r)
-      distill_heads(a, s, a.q + r * s.heads * Dh, a.k + (r * HKV / rh_) * Dh, lse.data() + r * s.heads * T, r);
+    std::vector<uint64_t> by_row, by_key;
+    if (o_.residual) block_read_bits(a, *o_.residual, by_row, by_key);
+    const int64_t words = (T + 63) / 64;
+    for (int64_t r = 0; r < rh_; ++r) {
+      cpu::MassExclusion ex;
+      if (o_.residual) ex = {by_row.data() + r * s.heads * T * words, by_key.data() + r * s.heads * T * words, words};
+      distill_heads(a, s, a.q + r * s.heads * Dh, a.k + (r * HKV / rh_) * Dh, lse.data() + r * s.heads * T, r,
+                    o_.residual ? &ex : nullptr);
+    }
   }
 
  private:
   void distill_heads(const AttentionCall& a, const cpu::AttnShape& s, const float* q, const float* k,
-                     const float* lse, int64_t r) const {
+                     const float* lse, int64_t r, const cpu::MassExclusion* ex) const {
     const int64_t T = a.T, G = fs_.groups;
     const RouterParams& rp = rp_[r];
     RouterCache keys, queries;
@@ -63,7 +103,7 @@ class DistillAttention final : public AttentionPolicy {
     router_forward(rp, kin, T, keys, RouterSide::Key);
     router_forward(rp, qin, T, queries, RouterSide::Query);
     std::vector<float> M(T * G), far(T);
-    cpu::attention_mass_forward(q, k, lse, keys.p.data(), G, s, cpu::MassHeads::Mean, M.data(), far.data());
+    cpu::attention_mass_forward(q, k, lse, keys.p.data(), G, s, cpu::MassHeads::Mean, M.data(), far.data(), ex);
 
     // Query cross-entropy and key purity, per row with far mass.
     std::vector<float> dsq(T * G, 0.f), dM(T * G, 0.f), dsk(T * G, 0.f);
@@ -89,7 +129,7 @@ class DistillAttention final : public AttentionPolicy {
       far_total += far[i];
     }
     std::vector<float> dP(T * G, 0.f);
-    cpu::attention_mass_backward(q, k, lse, dM.data(), G, s, cpu::MassHeads::Mean, dP.data());
+    cpu::attention_mass_backward(q, k, lse, dM.data(), G, s, cpu::MassHeads::Mean, dP.data(), ex);
     // Balanced key groups: SwAV targets from Sinkhorn over the window's key scores.
     std::vector<float> qt(T * G);
     sinkhorn_forward(keys.s.data(), T, G, 1.0f, 3, qt.data());
@@ -130,6 +170,11 @@ LossGrad distill_loss_and_grad(const Model& m, const FocusRouters& f, const Trai
   const ModelConfig& c = m.cfg;
   FOCUS_CHECK(f.settings.asymmetric, "distillation trains asymmetric routers (keys by W_k, queries by W_r)");
   FOCUS_CHECK(w.T >= 1, "distillation: empty window");
+  if (o.residual)
+    FOCUS_CHECK(o.residual->window == f.settings.local_window && o.residual->sinks == f.settings.sinks,
+                "residual distillation: the block budgets were measured with window ", o.residual->window, " and ",
+                o.residual->sinks, " sinks, the routers have window ", f.settings.local_window, " and ",
+                f.settings.sinks, " sinks");
   DistillStats local;
   DistillStats& st = stats ? *stats : local;
   st.far_sum.resize(f.routers.size(), 0.0);

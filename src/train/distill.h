@@ -14,10 +14,17 @@
 //                                                        inference assigns keys causally by capacity)
 // The gradient of L_key reaches P through the transpose of the mass kernel
 // (kernels/cpu/attention_mass.h); neither loss touches the model's weights.
+//
+// Residual distillation (DistillOptions::residual): for the groups of a hybrid pattern (focus.json
+// "block_budget"), whose positional blocks read what block top-k with per-head budgets reads, the
+// pairs those blocks read are left out of F(i, j) for each head: M and far are then the far
+// attention the blocks miss, and the groups learn that.
 #pragma once
 #include <cstdint>
+#include <memory>
 #include <vector>
 
+#include "focus/block_budget.h"
 #include "focus/focus_model.h"
 #include "model/model.h"
 #include "train/backward.h"
@@ -27,6 +34,10 @@ namespace focus {
 struct DistillOptions {
   float key_weight = 1.0f;      // weight of the key purity term
   float balance_weight = 0.1f;  // weight of the SwAV balance on the key scores
+  // Residual distillation: per-head block budgets (load_block_budget) whose block top-k reads
+  // are left out of the target; null: plain distillation. Its window and sinks must be the
+  // routers'. Every router layer needs its budgets.
+  std::shared_ptr<const BlockBudget> residual;
 };
 
 // Sums over the router layers and rows of the windows it saw (rows with far mass only).

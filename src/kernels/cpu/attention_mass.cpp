@@ -70,6 +70,21 @@ void check(const char* who, const AttnShape& s, const float* q, const float* k, 
     FOCUS_CHECK(std::isfinite(lse[x]), who, ": lse[", x / s.n_q, ", ", x % s.n_q, "] = ", lse[x], " is not finite");
 }
 
+void check_exclusion(const char* who, const AttnShape& s, const MassExclusion* ex, bool backward) {
+  if (!ex || s.n_q == 0) return;
+  static_assert(kB == 64, "one exclusion word per tile");
+  FOCUS_CHECK(ex->words == (s.n_q + 63) / 64, who, ": exclusion of ", ex->words, " words per row, ", s.n_q,
+              " tokens need ", (s.n_q + 63) / 64);
+  FOCUS_CHECK(backward ? ex->by_key != nullptr : ex->by_row != nullptr, who, ": exclusion without its ",
+              backward ? "by_key" : "by_row", " bits");
+}
+
+// Zeroes the lanes of e whose bit (from bit 0 of bits, lane order) is set.
+inline void clear_lanes(vf& e, uint64_t bits) {
+  for (int l = 0; l < kV; ++l)
+    if ((bits >> l) & 1) e[l] = 0.f;
+}
+
 // ---- packing (zero padding past n and past head_dim).
 // src rows `stride` apart, `heads` blocks of hd floats -> [nb][heads][kB][hdp], times scale.
 void pack_rows(const float* src, int64_t stride, const Dims& d, int64_t heads, float scale, float* dst) {
@@ -122,8 +137,9 @@ void pack_groups(const float* src, const Dims& d, int64_t R, float* dst) {
 // [lo, hi_r) with lo = S - j0 and hi_r = t0 + r - w - j0 + 1 (both clamped to the tile); hi_r
 // grows with r, so the tile needs no mask when its first row already sees every column.
 void attention_mass_forward(const float* q, const float* k, const float* lse, const float* X, int64_t C,
-                            const AttnShape& s, MassHeads heads, float* M, float* far) {
+                            const AttnShape& s, MassHeads heads, float* M, float* far, const MassExclusion* ex) {
   check("attention_mass_forward", s, q, k, lse);
+  check_exclusion("attention_mass_forward", s, ex, false);
   FOCUS_CHECK(!M || (X && C >= 1), "attention_mass_forward: M needs X and C >= 1 (C = ", C, ")");
   if (s.n_q == 0 || (!M && !far)) return;
   const Dims d = make_dims(s, M ? C : 1, heads);
@@ -166,12 +182,14 @@ void attention_mass_forward(const float* q, const float* k, const float* lse, co
               const vf l = bcast(lse[h * d.n + t0 + r]);
               float* sr = sc.data() + r * kB;
               float* pr = ps.data() + r * kB;
+              const uint64_t out = ex ? ex->by_row[(h * d.n + t0 + r) * ex->words + kb] : 0;
               for (int c = cv0; c < cv1; ++c) {
                 vf e = vexp(load(sr + c * kV) - l);
                 if (!full) {
                   const vi col = iota + c * kV;
                   e = select((col >= lo) & (col < hi[r]), e, vf{});
                 }
+                if (out) clear_lanes(e, out >> (c * kV));
                 store(pr + c * kV, first ? e : load(pr + c * kV) + e);
               }
             }
@@ -204,8 +222,9 @@ void attention_mass_forward(const float* q, const float* k, const float* lse, co
 // rows of dX. Key row c (j = j0 + c >= S) sees the tile-local query columns [lo_c, nr) with
 // lo_c = j + w - t0 (clamped); lo_c grows with c, so the rows with any far pair are [c0, c1).
 void attention_mass_backward(const float* q, const float* k, const float* lse, const float* dM, int64_t C,
-                             const AttnShape& s, MassHeads heads, float* dX) {
+                             const AttnShape& s, MassHeads heads, float* dX, const MassExclusion* ex) {
   check("attention_mass_backward", s, q, k, lse);
+  check_exclusion("attention_mass_backward", s, ex, true);
   if (s.n_q == 0) return;
   FOCUS_CHECK(dM && dX && C >= 1, "attention_mass_backward: needs dM, dX and C >= 1 (C = ", C, ")");
   const Dims d = make_dims(s, C, heads);
@@ -247,12 +266,14 @@ void attention_mass_backward(const float* q, const float* k, const float* lse, c
             for (int c = c0; c < c1; ++c) {
               float* sr = sc.data() + c * kB;
               float* pr = ps.data() + c * kB;
+              const uint64_t out = ex ? ex->by_key[(h * d.n + j0 + c) * ex->words + qb] : 0;
               for (int v = cv0; v < cv1; ++v) {
                 vf e = vexp(load(sr + v * kV) - load(lh + v * kV));
                 if (!full) {
                   const vi row = iota + v * kV;
                   e = select((row >= lo[c]) & (row < nr), e, vf{});
                 }
+                if (out) clear_lanes(e, out >> (v * kV));
                 store(pr + v * kV, first ? e : load(pr + v * kV) + e);
               }
             }

@@ -33,16 +33,29 @@ namespace focus::cpu {
 
 enum class MassHeads { Mean, PerKvHead };
 
+// Pairs left out of the mass (per head), e.g. those another selection reads already: with
+// words = ceil(n / 64),
+//   by_row[(h * n + i) * words + j / 64] has bit j % 64 set when pair (i, j) of head h is left out,
+//   by_key[(h * n + j) * words + i / 64] the same bits, transposed (the backward reads it).
+// h counts the call's heads (s.heads). A left-out pair counts neither in M nor in far, and its
+// gradient is zero.
+struct MassExclusion {
+  const uint64_t* by_row = nullptr;
+  const uint64_t* by_key = nullptr;
+  int64_t words = 0;
+};
+
 // M[i, r, :] = mean over the heads h of r of sum_{j: F(i, j)} A^h_ij X[j, :], written (not
 // accumulated); far[i, r] = the same with X = 1, the total far mass of the row. M and far may each
-// be null (X may be null when M is).
+// be null (X may be null when M is). With ex, its pairs are not far.
 void attention_mass_forward(const float* q, const float* k, const float* lse, const float* X, int64_t C,
-                            const AttnShape& s, MassHeads heads, float* M, float* far = nullptr);
+                            const AttnShape& s, MassHeads heads, float* M, float* far = nullptr,
+                            const MassExclusion* ex = nullptr);
 
 // The transpose, with A held fixed (no gradient into q, k or lse):
 //   dX[j, :] += sum_i sum_r [F(i, j)] (mean over the heads h of r of A^h_ij) dM[i, r, :].
-// Accumulates into dX; zero it first for a fresh gradient.
+// Accumulates into dX; zero it first for a fresh gradient. With ex, its pairs are not far.
 void attention_mass_backward(const float* q, const float* k, const float* lse, const float* dM, int64_t C,
-                             const AttnShape& s, MassHeads heads, float* dX);
+                             const AttnShape& s, MassHeads heads, float* dX, const MassExclusion* ex = nullptr);
 
 }  // namespace focus::cpu

@@ -315,6 +315,36 @@ TEST(BadInputs, RetrofitInitFolderMissingOrMalformed) {
   expect_clean_error(args + t, t + "/router.safetensors", "truncated safetensors file");
 }
 
+TEST(BadInputs, RetrofitResidualBudgetThatDoesNotFit) {
+  FOCUS_NEED_FILE(stories());
+  FOCUS_NEED_FILE(book("pg-345-dracula.txt"));
+  FOCUS_NEED_FILE(book("pg-1342-pride-and-prejudice.txt"));
+  const std::string args = "retrofit --model " + stories() + " --tokenizer " + tok512() + " --train " +
+                           book("pg-345-dracula.txt") + " --valid " + book("pg-1342-pride-and-prejudice.txt") +
+                           " --ctx 64 --steps 1 --objective distill --window 16 --sinks 1 --out " + dir() +
+                           "/residual_out --residual-budget ";
+  auto budget = [](const std::string& name, int window, int layers, int heads) {
+    std::string k = "[";
+    for (int l = 0; l < layers; ++l) {
+      k += l ? ", [" : "[";
+      for (int h = 0; h < heads; ++h) k += (h ? ", " : "") + std::to_string(2);
+      k += "]";
+    }
+    return write(name, "{\"format\": \"focus-block-budget\", \"version\": 1, \"block\": 4, \"window\": " +
+                           std::to_string(window) + ", \"sinks\": 1, \"ctx\": 64, \"k\": " + k + "]}");
+  };
+  const std::string w = budget("residual_window.json", 32, 5, 8);
+  expect_clean_error(args + w, w, "measured with window 32");
+  const std::string l = budget("residual_layers.json", 16, 3, 8);
+  expect_clean_error(args + l, l, "budgets for 3 layers");
+  const std::string h = budget("residual_heads.json", 16, 5, 2);
+  expect_clean_error(args + h, h, "2 head budgets");
+  expect_clean_error("retrofit --model " + stories() + " --tokenizer " + tok512() + " --train " +
+                         book("pg-345-dracula.txt") + " --valid " + book("pg-1342-pride-and-prejudice.txt") +
+                         " --ctx 64 --steps 1 --window 16 --out " + dir() + "/residual_out --residual-budget " + h,
+                     "--residual-budget", "needs --objective distill");
+}
+
 // Memory limits are checked before anything large is allocated: FOCUS_MEMORY_LIMIT stands in for a
 // small machine, and each job is refused with its estimate and the part that does not fit.
 namespace {

@@ -6,6 +6,9 @@ hard for Focus) and docs/results/train_scratch.png (validation curves).
 
   scripts/train_compare.py [--archs gqa,mha] [--seeds 1,2,3] [--ctx 512] [--steps 200]
                            [--batch 4] [--window 64] [--groups 8] [--bin build/focus]
+
+Each run lives in WORK/ARCH-ATTENTION-SEED: run again with the same flags, the script reuses the
+runs that finished and resumes the one that was stopped from its checkpoint.
 """
 import argparse
 import datetime
@@ -20,6 +23,14 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # Split by book: three to train on, one to validate.
 TRAIN_BOOKS = ("pg-1661-the-adventures-of-sherlock-holmes.txt", "pg-345-dracula.txt", "pg-1400-great-expectations.txt")
 VALID_BOOKS = ("pg-1342-pride-and-prejudice.txt",)
+
+
+def read_json(path):
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return {}
 
 
 def main():
@@ -62,20 +73,38 @@ def main():
                 if attention == "focus":
                     cmd += ["--window", str(a.window), "--groups", str(a.groups), "--topk", "1",
                             "--balance", a.balance]
-                if os.path.exists(out):
-                    subprocess.run(["rm", "-rf", out], check=True)
-                print(" ".join(cmd), flush=True)
-                p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-                if p.returncode != 0:
-                    sys.exit(f"focus train failed ({p.returncode}): {' '.join(cmd)}")
-                r = json.loads(p.stdout.strip().splitlines()[-1])
-                curve = []
+                # A finished run of the same command is reused; an interrupted one resumes from its
+                # checkpoint (`focus train --resume` continues bit for bit); anything else starts over.
+                done, started = os.path.join(out, "result.json"), os.path.join(out, "command.json")
+                r = None
+                if os.path.exists(done) and read_json(done).get("command") == cmd:
+                    r = read_json(done)["result"]
+                    print(f"{out}: finished before, reused", flush=True)
+                else:
+                    resume = (os.path.exists(started) and read_json(started).get("command") == cmd and
+                              os.path.exists(os.path.join(out, "checkpoint.safetensors")))
+                    if not resume and os.path.exists(out):
+                        subprocess.run(["rm", "-rf", out], check=True)
+                    os.makedirs(out, exist_ok=True)
+                    with open(started, "w") as f:
+                        json.dump({"command": cmd}, f)
+                    print(" ".join(cmd) + (" --resume" if resume else ""), flush=True)
+                    p = subprocess.run(cmd + (["--resume"] if resume else []), stdout=subprocess.PIPE,
+                                       stderr=subprocess.DEVNULL, text=True)
+                    if p.returncode != 0:
+                        sys.exit(f"focus train failed ({p.returncode}): {' '.join(cmd)}")
+                    r = json.loads(p.stdout.strip().splitlines()[-1])
+                    r["resumed"] = resume
+                    with open(done + ".tmp", "w") as f:
+                        json.dump({"command": cmd, "result": r}, f)
+                    os.replace(done + ".tmp", done)
+                curve = {}  # by step: a resumed run logs again the steps after its checkpoint
                 with open(os.path.join(out, "metrics.jsonl")) as f:
                     for line in f:
                         j = json.loads(line)
                         if "valid" in j and j["valid"]:
-                            curve.append((j.get("step", 0), j["valid"].get("ppl"), j["valid"].get("ppl_hard")))
-                r.update(seed=int(seed), curve=curve)
+                            curve[j.get("step", 0)] = (j["valid"].get("ppl"), j["valid"].get("ppl_hard"))
+                r.update(seed=int(seed), curve=[(k, *v) for k, v in sorted(curve.items())])
                 runs.append(r)
                 print(f"  valid ppl {r['valid_ppl']:.3f}" + (f" hard {r['valid_ppl_hard']:.3f} density "
                       f"{r['valid_density_hard']:.3f}" if attention == "focus" else "") +

@@ -154,10 +154,11 @@ TEST(Distill, ResidualTargetIsWhatTheBudgetedBlocksMiss) {
     for (int64_t h = 0; h < c.heads; ++h) budget->k[l].push_back((l + 2 * h) % 4);
   const std::vector<int32_t> targets(n, 1);
   const TrainWindow tw{ids.data(), n, targets.data()};
-  for (bool per_head : {false, true}) {
-    SCOPED_TRACE(per_head ? "a router per head" : "a router per layer");
+  for (int variant = 0; variant < 3; ++variant) {  // a router per layer, per kv head, per query head
+    SCOPED_TRACE(::testing::Message() << "routing variant " << variant);
     FocusSettings s = asym_settings(4, 1, w);
-    s.per_head = per_head;
+    s.per_kv_head = variant == 1;
+    s.per_head = variant == 2;
     const FocusRouters f = focus_init(c, s, 5);
     DistillOptions o;
     o.residual = budget;

@@ -206,6 +206,20 @@ TEST(Retrofit, DistillationTrainsAndResumesToTheSameBits) {
   ob.resume = true;
   ob.distill.key_weight = 0.5f;  // another objective weight is refused on resume
   EXPECT_THROW(run_retrofit(*m, ob), Error);
+  // So is another target: the same run made residual (the blocks' budgets are part of the run).
+  ob.distill.key_weight = DistillOptions{}.key_weight;
+  auto budget = std::make_shared<BlockBudget>();
+  budget->block = 4;
+  budget->window = ob.focus.local_window;
+  budget->sinks = ob.focus.sinks;
+  budget->k.assign(m->cfg.layers, std::vector<int64_t>(m->cfg.heads, 2));
+  ob.distill.residual = budget;
+  try {
+    run_retrofit(*m, ob);
+    ADD_FAILURE() << "resume with a residual budget must fail";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("residual_budget"), std::string::npos) << e.what();
+  }
 }
 
 // Sparse training (--objective sparse) goes on from distilled routers with the language-model loss

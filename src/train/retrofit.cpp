@@ -67,6 +67,10 @@ json run_identity(const Model& m, const RetrofitOptions& o) {
             {"objective", o.objective}});
   if (o.objective == "distill")
     j["key_weight"] = o.distill.key_weight;
+  if (o.objective == "distill" && o.distill.residual) {  // the target: what these budgets leave unread
+    const BlockBudget& b = *o.distill.residual;
+    j["residual_budget"] = json{{"block", b.block}, {"window", b.window}, {"sinks", b.sinks}, {"k", b.k}};
+  }
   if (o.objective != "lm")
     j.update({
               {"key_capacity", o.focus.key_capacity},
@@ -185,8 +189,10 @@ RouterAuxHook swav_balance_hook(const FocusRouters& f, float scale, double* loss
 
 RetrofitResult run_retrofit(const Model& m, const RetrofitOptions& o) {
   const TrainData d = prepare_train_data(m, o, "retrofit");
-  check_memory("retrofit at ctx " + std::to_string(o.ctx), training_memory(m.cfg, o.ctx, o.focus.groups, 0),
-               "lower --ctx");
+  MemoryNeed need = training_memory(m.cfg, o.ctx, o.focus.groups, 0);
+  if (o.objective == "distill" && o.distill.residual)  // one layer's pairs read by the blocks, and their transpose
+    need.add("pairs the blocks read", 2.0 * m.cfg.heads * o.ctx * ((o.ctx + 63) / 64) * 8);
+  check_memory("retrofit at ctx " + std::to_string(o.ctx), need, "lower --ctx");
 
   FOCUS_CHECK(o.objective == "lm" || o.objective == "distill" || o.objective == "sparse",
               "retrofit: unknown objective '", o.objective, "' (expected lm, distill or sparse)");

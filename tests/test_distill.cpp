@@ -192,6 +192,11 @@ TEST(Distill, ResidualTargetIsWhatTheBudgetedBlocksMiss) {
     other->window = w + 1;
     o.residual = other;
     EXPECT_THROW(distill_loss_and_grad(*m, f, tw, 1.0f, o, nullptr, nullptr), Error);
+    // And so are budgets missing a head of a layer.
+    auto fewer = std::make_shared<BlockBudget>(*budget);
+    fewer->k[0].pop_back();
+    o.residual = fewer;
+    EXPECT_THROW(distill_loss_and_grad(*m, f, tw, 1.0f, o, nullptr, nullptr), Error);
   }
 }
 

@@ -40,15 +40,7 @@ int run_retrofit_cmd(const RetrofitFlags& f) {
   if (!f.residual_budget.empty()) {
     FOCUS_CHECK(o.objective == "distill", "--residual-budget needs --objective distill");
     auto b = std::make_shared<BlockBudget>(load_block_budget(f.residual_budget));
-    const std::string& path = f.residual_budget;
-    FOCUS_CHECK(b->window == o.focus.local_window && b->sinks == o.focus.sinks, path, ": measured with window ",
-                b->window, " and ", b->sinks, " sinks; give the routers the same (--window ", b->window, " --sinks ",
-                b->sinks, ")");
-    FOCUS_CHECK((int64_t)b->k.size() == m.cfg.layers, path, ": budgets for ", b->k.size(), " layers, the model has ",
-                m.cfg.layers);
-    for (int64_t l = 0; l < m.cfg.layers; ++l)
-      FOCUS_CHECK(m.cfg.layer_sliding_window[l] > 0 || (int64_t)b->k[l].size() == m.cfg.heads, path, ": layer ", l,
-                  " has ", b->k[l].size(), " head budgets, the model has ", m.cfg.heads, " heads");
+    check_residual_budget(*b, o.focus.local_window, o.focus.sinks, m.cfg, f.residual_budget);
     o.distill.residual = b;
   }
   o.balance = parse_balance(f.balance);

@@ -30,8 +30,6 @@ void block_read_bits(const AttentionCall& a, const BlockBudget& b, std::vector<u
                      std::vector<uint64_t>& by_key) {
   const ModelConfig& c = *a.cfg;
   const int64_t T = a.T, H = c.heads, words = (T + 63) / 64;
-  FOCUS_CHECK(a.layer < (int64_t)b.k.size() && (int64_t)b.k[a.layer].size() == H, "residual distillation: the budget "
-              "file has no budgets for the ", H, " heads of layer ", a.layer, " (calibrate on this model)");
   BlockTopKSettings bs;
   bs.block = b.block;
   bs.window = b.window;
@@ -165,16 +163,25 @@ class DistillAttention final : public AttentionPolicy {
 
 }  // namespace
 
+void check_residual_budget(const BlockBudget& b, int64_t window, int64_t sinks, const ModelConfig& c,
+                           const std::string& source) {
+  FOCUS_CHECK(b.window == window && b.sinks == sinks, source, ": the block budgets were measured with window ",
+              b.window, " and ", b.sinks, " sinks, the routers have window ", window, " and ", sinks,
+              " (give the routers the same: --window ", b.window, " --sinks ", b.sinks, ")");
+  FOCUS_CHECK((int64_t)b.k.size() == c.layers, source, ": budgets for ", b.k.size(), " layers, the model has ",
+              c.layers);
+  for (int64_t l = 0; l < c.layers; ++l)
+    FOCUS_CHECK(c.layer_sliding_window[l] > 0 || (int64_t)b.k[l].size() == c.heads, source, ": layer ", l, " has ",
+                b.k[l].size(), " head budgets, the model has ", c.heads, " heads");
+}
+
 LossGrad distill_loss_and_grad(const Model& m, const FocusRouters& f, const TrainWindow& w, float loss_scale,
                                const DistillOptions& o, std::vector<std::vector<float>>* grads, DistillStats* stats) {
   const ModelConfig& c = m.cfg;
   FOCUS_CHECK(f.settings.asymmetric, "distillation trains asymmetric routers (keys by W_k, queries by W_r)");
   FOCUS_CHECK(w.T >= 1, "distillation: empty window");
   if (o.residual)
-    FOCUS_CHECK(o.residual->window == f.settings.local_window && o.residual->sinks == f.settings.sinks,
-                "residual distillation: the block budgets were measured with window ", o.residual->window, " and ",
-                o.residual->sinks, " sinks, the routers have window ", f.settings.local_window, " and ",
-                f.settings.sinks, " sinks");
+    check_residual_budget(*o.residual, f.settings.local_window, f.settings.sinks, c, "residual distillation");
   DistillStats local;
   DistillStats& st = stats ? *stats : local;
   st.far_sum.resize(f.routers.size(), 0.0);

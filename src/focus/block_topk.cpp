@@ -1,6 +1,8 @@
 #include "focus/block_topk.h"
 
 #include <algorithm>
+#include <cmath>
+#include <functional>
 #include <limits>
 #include <utility>
 
@@ -9,6 +11,9 @@
 
 namespace focus {
 namespace {
+
+// Up to this many (row, head) pairs a call goes through the grouped kernel's gathered path.
+constexpr int64_t kFewPairs = 64;
 
 class BlockTopKAttention final : public AttentionPolicy {
  public:
@@ -42,7 +47,12 @@ class BlockTopKAttention final : public AttentionPolicy {
     sh.local_window = s_.window;
     sh.sinks = s_.sinks;
     const cpu::GroupedRouting routing{st->index.n_groups, 1, st->key_group.data(), kq, qg.data()};
-    cpu::grouped_attention(a.q, a.k, a.v, a.out, nullptr, sh, routing, st->index);
+    if (a.pos0 == 0 && a.T * c.heads > kFewPairs) {
+      // A prefill from the start: the rows' blocks in tiles of neighbouring rows.
+      cpu::block_list_attention(a.q, a.k, a.v, a.out, nullptr, sh, s_.block, qg.data(), kq);
+    } else {
+      cpu::grouped_attention(a.q, a.k, a.v, a.out, nullptr, sh, routing, st->index);
+    }
     if (stats) add_pairs(stats, a.pos0, a.T, (double)cpu::grouped_pair_count(sh, routing, st->index) / (double)c.heads);
   }
 
@@ -80,8 +90,7 @@ int block_topk_select(const AttentionCall& a, const BlockTopKState& st, const Bl
   const int64_t work = a.T * H * max_cand * hd;
 #pragma omp parallel if (work > (int64_t{1} << 18))
   {
-    std::vector<std::pair<float, int32_t>> cand;
-    std::vector<float> bound;
+    std::vector<float> bound, sorted;
 #pragma omp for schedule(dynamic, 4)
     for (int64_t t = 0; t < a.T; ++t) {
       const int64_t f = a.pos0 + t - w;
@@ -99,12 +108,19 @@ int block_topk_select(const AttentionCall& a, const BlockTopKState& st, const Bl
         if (Kh == 0 || nb <= Kh) continue;
         bound.resize(nb);
         block_bounds(a.q + t * c.q_dim() + h * hd, st, h / hpk, lo, cur, bound.data());
-        cand.resize(nb);
-        for (int64_t b = lo; b < cur; ++b) cand[b - lo] = {bound[b - lo], (int32_t)b};
-        std::nth_element(cand.begin(), cand.begin() + (Kh - 1), cand.end(), block_ranks_before);
-        std::sort(cand.begin(), cand.begin() + Kh, [](const auto& x, const auto& y) { return x.second < y.second; });
+        // The Kh-th largest bound thr: every block above it is chosen, and of those equal to it
+        // the lowest ones (block_ranks_before), so one pass in block order lists them ascending.
+        for (float& x : bound)
+          if (std::isnan(x)) x = -std::numeric_limits<float>::infinity();  // ranks last, as no order holds NaN
+        sorted.assign(bound.begin(), bound.end());
+        std::nth_element(sorted.begin(), sorted.begin() + (Kh - 1), sorted.end(), std::greater<float>());
+        const float thr = sorted[Kh - 1];
+        int64_t above = 0;
+        for (int64_t i = 0; i < nb; ++i) above += bound[i] > thr;
+        int64_t ties = Kh - above, m = 0;
         int32_t* slots = qg.data() + (t * H + h) * kq;
-        for (int64_t i = 0; i < Kh; ++i) slots[1 + i] = cand[i].second;
+        for (int64_t i = 0; i < nb && m < Kh; ++i)
+          if (bound[i] > thr || (bound[i] == thr && ties-- > 0)) slots[1 + m++] = (int32_t)(lo + i);
       }
     }
   }

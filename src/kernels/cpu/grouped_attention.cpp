@@ -772,6 +772,131 @@ void grouped_attention(const float* q, KvView k, KvView v, float* o, float* lse,
   grouped_attention(q, kf.data(), vf.data(), o, lse, s, r, idx);
 }
 
+void block_list_attention(const float* q, const float* k, const float* v, float* o, float* lse, const AttnShape& s,
+                          int64_t block, const int32_t* lists, int64_t kq) {
+  check_shape(s);
+  FOCUS_CHECK(s.q_pos0 == 0 && s.n_kv == s.n_q, "block list attention: a prefill from position 0 (q_pos0 ",
+              s.q_pos0, ", ", s.n_q, " rows, ", s.n_kv, " keys)");
+  FOCUS_CHECK(block >= 1 && kq >= 1, "block list attention: block ", block, ", ", kq, " slots");
+  const int64_t n = s.n_q, hd = s.head_dim, hdp = padded_dim(hd), H = s.heads, hpk = H / s.kv_heads;
+  const int64_t w = s.local_window, S = s.sinks, nb = (n + block - 1) / block;
+  if (n == 0) return;
+  std::vector<float> own;
+  float* L = lse;
+  if (!L) {
+    own.resize(H * n);
+    L = own.data();
+  }
+  focus_window_attention(q, k, v, o, L, s);
+  // Rows before S + w have no far key; a tile of rows is an item of one head.
+  const int64_t first = std::min(n, S + w) / kListRows, tiles = (n + kListRows - 1) / kListRows;
+  const int64_t items = H * (tiles - first);
+  if (items <= 0) return;
+  int32_t bad = -1;  // a block id outside the keys, found while reading the lists (checked after)
+#pragma omp parallel
+  {
+    QueryTile qt(hdp);
+    RowSpan spans[kBq];
+    AlignedFloats kt(hdp * kBk), vt(kBk * hdp), bias(kBq * kBk);
+    std::vector<int64_t> stamp(nb, -1);
+    std::vector<int32_t> uni, slot_pos, slot_u, uidx(nb);
+    std::vector<uint64_t> sel;
+    std::vector<float> part(hd);
+    std::vector<char> seen(kListRows);
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t x = 0; x < items; ++x) {
+      const int64_t h = x % H, t0 = (first + x / H) * kListRows, t1 = std::min(n, t0 + kListRows);
+      const int64_t kvh = h / hpk, nr = t1 - t0, last = t1 - 1 - w;  // the last far key of the tile
+      if (last < S) continue;
+      // The union of the rows' blocks, ascending, and each row's choice as bits over it.
+      uni.clear();
+      for (int64_t t = t0; t < t1; ++t)
+        for (int64_t c = 0; c < kq; ++c) {
+          const int32_t b = lists[(t * H + h) * kq + c];
+          if (b < -1 || b >= nb) {
+#pragma omp atomic write
+            bad = b;
+            continue;
+          }
+          if (b >= 0 && stamp[b] != x) {
+            stamp[b] = x;
+            uni.push_back(b);
+          }
+        }
+      if (uni.empty()) continue;
+      std::sort(uni.begin(), uni.end());
+      const int64_t U = (int64_t)uni.size(), words = (U + 63) / 64;
+      for (int64_t u = 0; u < U; ++u) uidx[uni[u]] = (int32_t)u;
+      sel.assign(nr * words, 0);
+      for (int64_t t = t0; t < t1; ++t)
+        for (int64_t c = 0; c < kq; ++c) {
+          const int32_t b = lists[(t * H + h) * kq + c];
+          if (b >= 0 && b < nb) sel[(t - t0) * words + uidx[b] / 64] |= uint64_t{1} << (uidx[b] % 64);
+        }
+      // Their far keys: positions S .. last.
+      slot_pos.clear();
+      slot_u.clear();
+      for (int64_t u = 0; u < U; ++u)
+        for (int64_t j = std::max<int64_t>(uni[u] * block, S); j < std::min<int64_t>((uni[u] + 1) * block, last + 1); ++j) {
+          slot_pos.push_back((int32_t)j);
+          slot_u.push_back((int32_t)u);
+        }
+      const int64_t n_keys = (int64_t)slot_pos.size();
+      if (n_keys == 0) continue;
+      qt.reset((int)nr);
+      for (int64_t i = 0; i < nr; ++i) qt.load_row((int)i, q + (t0 + i) * s.q_stride + h * hd, hd, s.scale);
+      std::fill(seen.begin(), seen.end(), 0);
+      for (int64_t c0 = 0; c0 < n_keys; c0 += kBk) {
+        const int64_t m = std::min<int64_t>(kBk, n_keys - c0);
+        for (int64_t c = 0; c < kBk; ++c) {
+          float* vr = vt.data() + c * hdp;
+          if (c >= m) {
+            for (int64_t d = 0; d < hdp; ++d) kt[d * kBk + c] = 0.f;
+            std::fill(vr, vr + hdp, 0.f);
+            continue;
+          }
+          const int64_t j = slot_pos[c0 + c];
+          const float* kr = k + j * s.kv_stride + kvh * hd;
+          for (int64_t d = 0; d < hd; ++d) kt[d * kBk + c] = kr[d];
+          for (int64_t d = hd; d < hdp; ++d) kt[d * kBk + c] = 0.f;
+          std::memcpy(vr, v + j * s.kv_stride + kvh * hd, hd * sizeof(float));
+          std::fill(vr + hd, vr + hdp, 0.f);
+        }
+        for (int64_t i = 0; i < nr; ++i) {
+          const int64_t lim = t0 + i - w;
+          const uint64_t* bits = sel.data() + i * words;
+          float* br = bias.data() + i * kBk;
+          bool any = false;
+          for (int64_t c = 0; c < m; ++c) {
+            const int32_t u = slot_u[c0 + c];
+            const bool vis = slot_pos[c0 + c] <= lim && (bits[u / 64] >> (u % 64) & 1);
+            br[c] = vis ? 0.f : kNegInf;
+            any |= vis;
+          }
+          spans[i] = RowSpan{};
+          if (any) {
+            spans[i].hi0 = (int)m;
+            seen[i] = 1;
+          }
+        }
+        qt.visit<ExpMode::Exact, true>(kt.data(), vt.data(), hdp, 0, (int)nr, spans, nullptr, bias.data());
+      }
+      for (int64_t i = 0; i < nr; ++i) {
+        if (!seen[i]) continue;
+        const int64_t t = t0 + i;
+        float pl;
+        qt.store_row((int)i, part.data(), hd, &pl);
+        float* orow = o + t * s.o_stride + h * hd;
+        const float l0 = L[h * n + t];
+        L[h * n + t] = merge_partials(2, hd, orow, [&](int64_t c) {
+          return c == 0 ? Partial{l0, 1.f, orow} : Partial{pl, 1.f, part.data()};
+        });
+      }
+    }
+  }
+  FOCUS_CHECK(bad == -1, "block list attention: block ", bad, " outside the ", nb, " blocks of ", n, " keys");
+}
+
 int64_t grouped_pair_count(const AttnShape& s, const GroupedRouting& r, const GroupedKeyIndex& idx) {
   check_shape(s);
   check_routing(s, r);

@@ -98,6 +98,19 @@ void grouped_attention(const float* q, const float* k, const float* v, float* o,
 void grouped_attention(const float* q, KvView k, KvView v, float* o, float* lse, const AttnShape& s,
                        const GroupedRouting& routing, const GroupedKeyIndex& idx);
 
+// Block lists (block top-k's pattern, focus/block_topk.h) over a prefill from position 0 (q_pos0
+// == 0, n_q == n_kv): row t of head h reads, beyond its window and the sinks, the keys j <= t - w
+// of the blocks lists[(t * heads + h) * kq + c] (blocks of `block` consecutive positions; -1: no
+// block). The window part first (focus_window_attention); then the rows of a head, kListRows at a
+// time: the union of their blocks is packed once into key tiles, each row sees in them the keys
+// of its own blocks (a -inf bias elsewhere), and its partial state is merged into the window
+// part. Neighbouring rows choose much the same blocks, so the work of the union is about twice
+// that of the rows' own blocks, done in dense tiles. Does not depend on the thread count. Throws
+// focus::Error on a bad shape or a block id outside the keys.
+constexpr int64_t kListRows = 16;
+void block_list_attention(const float* q, const float* k, const float* v, float* o, float* lse, const AttnShape& s,
+                          int64_t block, const int32_t* lists, int64_t kq);
+
 // Exact visible (row, key) pairs summed over the query heads (density = count / (heads * causal
 // pairs)), from the key index (routing.key_group is not read) in O(n_q * heads * kq * log n_kv):
 // a decoding step counts its pairs without a pass over every cached key.

@@ -15,6 +15,40 @@ namespace {
 // Up to this many (row, head) pairs a call goes through the grouped kernel's gathered path.
 constexpr int64_t kFewPairs = 64;
 
+// The k-th largest of x[0 .. n-1] (1 <= k <= n; no NaN). The values are spread over 256 buckets
+// by a monotone map of [min, max] (so a higher bucket holds only larger values); the bucket
+// holding the k-th largest is found by counting from the top, and only its values are ordered.
+float kth_largest(const float* x, int64_t n, int64_t k, std::vector<float>& scratch, std::vector<uint8_t>& bucket) {
+  float mn = x[0], mx = x[0];
+  for (int64_t i = 1; i < n; ++i) {
+    mn = std::min(mn, x[i]);
+    mx = std::max(mx, x[i]);
+  }
+  const float range = mx - mn;
+  if (!(range > 0.f) || !std::isfinite(range)) {  // all equal, or infinities: order them all
+    scratch.assign(x, x + n);
+    std::nth_element(scratch.begin(), scratch.begin() + (k - 1), scratch.end(), std::greater<float>());
+    return scratch[k - 1];
+  }
+  const float scale = 255.f / range;
+  int64_t count[256] = {};
+  bucket.resize(n);
+  for (int64_t i = 0; i < n; ++i) {
+    const int b = std::min(255, (int)((x[i] - mn) * scale));
+    bucket[i] = (uint8_t)b;
+    ++count[b];
+  }
+  int b = 255;
+  int64_t above = 0;
+  while (above + count[b] < k) above += count[b--];
+  scratch.clear();
+  for (int64_t i = 0; i < n; ++i)
+    if (bucket[i] == b) scratch.push_back(x[i]);
+  const int64_t r = k - above;  // the r-th largest of the bucket
+  std::nth_element(scratch.begin(), scratch.begin() + (r - 1), scratch.end(), std::greater<float>());
+  return scratch[r - 1];
+}
+
 class BlockTopKAttention final : public AttentionPolicy {
  public:
   explicit BlockTopKAttention(const BlockTopKSettings& s) : s_(s) {}
@@ -90,7 +124,9 @@ int block_topk_select(const AttentionCall& a, const BlockTopKState& st, const Bl
   const int64_t work = a.T * H * max_cand * hd;
 #pragma omp parallel if (work > (int64_t{1} << 18))
   {
-    std::vector<float> bound, sorted;
+    std::vector<float> bound, sorted, qs(hpk * hd);
+    std::vector<uint8_t> bucket;
+    std::vector<int64_t> chosen(hpk);
 #pragma omp for schedule(dynamic, 4)
     for (int64_t t = 0; t < a.T; ++t) {
       const int64_t f = a.pos0 + t - w;
@@ -102,25 +138,33 @@ int block_topk_select(const AttentionCall& a, const BlockTopKState& st, const Bl
         if (nb <= kh[h])  // every candidate fits
           for (int64_t b = lo; b < cur; ++b) slots[1 + b - lo] = (int32_t)b;
       }
-      // Each query head that must choose scores every candidate and keeps its top Kh, ascending.
-      for (int64_t h = 0; h < H; ++h) {
-        const int64_t Kh = kh[h];
-        if (Kh == 0 || nb <= Kh) continue;
-        bound.resize(nb);
-        block_bounds(a.q + t * c.q_dim() + h * hd, st, h / hpk, lo, cur, bound.data());
-        // The Kh-th largest bound thr: every block above it is chosen, and of those equal to it
-        // the lowest ones (block_ranks_before), so one pass in block order lists them ascending.
-        for (float& x : bound)
-          if (std::isnan(x)) x = -std::numeric_limits<float>::infinity();  // ranks last, as no order holds NaN
-        sorted.assign(bound.begin(), bound.end());
-        std::nth_element(sorted.begin(), sorted.begin() + (Kh - 1), sorted.end(), std::greater<float>());
-        const float thr = sorted[Kh - 1];
-        int64_t above = 0;
-        for (int64_t i = 0; i < nb; ++i) above += bound[i] > thr;
-        int64_t ties = Kh - above, m = 0;
-        int32_t* slots = qg.data() + (t * H + h) * kq;
-        for (int64_t i = 0; i < nb && m < Kh; ++i)
-          if (bound[i] > thr || (bound[i] == thr && ties-- > 0)) slots[1 + m++] = (int32_t)(lo + i);
+      // Each query head that must choose scores every candidate and keeps its top Kh, ascending;
+      // the heads of a kv head are scored together (one pass over the blocks' ranges).
+      for (int64_t kvh = 0; kvh < c.kv_heads; ++kvh) {
+        int64_t nh = 0;
+        for (int64_t h = kvh * hpk; h < (kvh + 1) * hpk; ++h)
+          if (kh[h] > 0 && nb > kh[h]) {
+            std::copy_n(a.q + t * c.q_dim() + h * hd, hd, qs.data() + nh * hd);
+            chosen[nh++] = h;
+          }
+        if (nh == 0) continue;
+        bound.resize(nh * nb);
+        block_bounds(qs.data(), nh, st, kvh, lo, cur, bound.data(), nb);
+        for (int64_t i = 0; i < nh; ++i) {
+          const int64_t h = chosen[i], Kh = kh[h];
+          float* bd = bound.data() + i * nb;
+          for (int64_t x = 0; x < nb; ++x)
+            if (std::isnan(bd[x])) bd[x] = -std::numeric_limits<float>::infinity();  // ranks last, as no order holds NaN
+          // The Kh-th largest bound thr: every block above it is chosen, and of those equal to it
+          // the lowest ones (block_ranks_before), so one pass in block order lists them ascending.
+          const float thr = kth_largest(bd, nb, Kh, sorted, bucket);
+          int64_t above = 0;
+          for (int64_t x = 0; x < nb; ++x) above += bd[x] > thr;
+          int64_t ties = Kh - above, m = 0;
+          int32_t* slots = qg.data() + (t * H + h) * kq;
+          for (int64_t x = 0; x < nb && m < Kh; ++x)
+            if (bd[x] > thr || (bd[x] == thr && ties-- > 0)) slots[1 + m++] = (int32_t)(lo + x);
+        }
       }
     }
   }
@@ -178,48 +222,76 @@ void BlockTopKState::truncate(int64_t n) {
 
 namespace {
 
-// Bounds of N consecutive tiles from tile t0 (N accumulator chains, to cover the FMA latency).
-template <int N>
-void tile_bounds(const float* q, const BlockTopKState& st, int64_t kvh, int64_t t0, const int64_t* side,
-                 float* out) {
+// Bounds of N consecutive tiles from tile t0 for NH query heads of kv head kvh (their queries
+// hd floats apart in q, their bounds N * L floats apart in out): each (min, max) pair of the
+// range is loaded once for all the heads, each head taking the side the sign of its q_d picks.
+// N * NH accumulator chains cover the FMA latency.
+template <int N, int NH>
+void tile_bounds(const float* q, const BlockTopKState& st, int64_t kvh, int64_t t0, float* out) {
   using namespace cpu::simd;
   constexpr int64_t L = BlockTopKState::kBlockTile;
   const int64_t hd = st.head_dim, tile_stride = st.kv_heads * hd * 2 * L;
   const float* r = st.range.data() + st.at(t0 * L, kvh, 0);
-  vf acc[N];
-  for (int i = 0; i < N; ++i) acc[i] = bcast(0.f);
+  vf acc[NH][N];
+  for (int h = 0; h < NH; ++h)
+    for (int i = 0; i < N; ++i) acc[h][i] = bcast(0.f);
   for (int64_t d = 0; d < hd; ++d) {
-    const vf qd = bcast(q[d]);
-    for (int i = 0; i < N; ++i) acc[i] = vfma(qd, load(r + i * tile_stride + side[d]), acc[i]);
+    vf qd[NH];
+    vi up[NH];
+    for (int h = 0; h < NH; ++h) {
+      qd[h] = bcast(q[h * hd + d]);
+      up[h] = qd[h] >= 0.f;
+    }
+    for (int i = 0; i < N; ++i) {
+      const vf mn = load(r + i * tile_stride + d * 2 * L), mx = load(r + i * tile_stride + d * 2 * L + L);
+      for (int h = 0; h < NH; ++h) acc[h][i] = vfma(qd[h], select(up[h], mx, mn), acc[h][i]);
+    }
   }
-  for (int i = 0; i < N; ++i) store(out + i * L, acc[i]);
+  for (int h = 0; h < NH; ++h)
+    for (int i = 0; i < N; ++i) store(out + (h * N + i) * L, acc[h][i]);
+}
+
+// Blocks b0 .. b1-1 for NH heads (NH <= kMaxHeads), N tiles at a time.
+template <int N, int NH>
+void bounds_of_heads(const float* q, const BlockTopKState& st, int64_t kvh, int64_t b0, int64_t b1, float* out,
+                     int64_t out_stride) {
+  constexpr int64_t L = BlockTopKState::kBlockTile;
+  alignas(64) float buf[NH * N * L];
+  const int64_t t_end = (b1 + L - 1) / L;
+  for (int64_t t = b0 / L; t < t_end;) {
+    const int64_t n = t_end - t >= N ? N : 1;
+    if (n == N) tile_bounds<N, NH>(q, st, kvh, t, buf);
+    else tile_bounds<1, NH>(q, st, kvh, t, buf);
+    const int64_t lo = std::max(b0, t * L), hi = std::min(b1, (t + n) * L);
+    for (int h = 0; h < NH; ++h)
+      for (int64_t b = lo; b < hi; ++b) out[h * out_stride + b - b0] = buf[h * n * L + b - t * L];
+    t += n;
+  }
 }
 
 }  // namespace
 
-void block_bounds(const float* q, const BlockTopKState& st, int64_t kvh, int64_t b0, int64_t b1, float* out) {
-  constexpr int64_t L = BlockTopKState::kBlockTile;
-  constexpr int kTiles = 4;
+void block_bounds(const float* q, int64_t nh, const BlockTopKState& st, int64_t kvh, int64_t b0, int64_t b1,
+                  float* out, int64_t out_stride) {
   const int64_t hd = st.head_dim;
   FOCUS_CHECK(b0 >= 0 && b1 <= st.complete_blocks(), "block top-k: bounds of blocks ", b0, " .. ", b1 - 1, " asked, ",
               st.complete_blocks(), " complete");
   if (b1 <= b0) return;
-  // Per dimension, the side of the blocks' range the sign of q_d picks (the larger product): an
-  // offset into a tile, the same for every tile. Each block's bound is its own chain of FMAs over
-  // d in order, whichever tiles it is computed with.
-  static thread_local std::vector<int64_t> side;
-  side.resize(hd);
-  for (int64_t d = 0; d < hd; ++d) side[d] = d * 2 * L + (q[d] >= 0.f ? L : 0);
-  alignas(64) float buf[kTiles * L];
-  const int64_t t_end = (b1 + L - 1) / L;
-  for (int64_t t = b0 / L; t < t_end;) {
-    const int64_t n = t_end - t >= kTiles ? kTiles : 1;
-    if (n == kTiles) tile_bounds<kTiles>(q, st, kvh, t, side.data(), buf);
-    else tile_bounds<1>(q, st, kvh, t, side.data(), buf);
-    const int64_t lo = std::max(b0, t * L), hi = std::min(b1, (t + n) * L);
-    for (int64_t b = lo; b < hi; ++b) out[b - b0] = buf[b - t * L];
-    t += n;
+  // Each block's bound is its own chain of FMAs over d in order, whichever tiles and heads it is
+  // computed with, so every grouping gives the same bits.
+  for (int64_t h = 0; h < nh;) {
+    const int64_t m = std::min<int64_t>(3, nh - h);
+    const float* qh = q + h * hd;
+    float* oh = out + h * out_stride;
+    if (m == 3) bounds_of_heads<2, 3>(qh, st, kvh, b0, b1, oh, out_stride);
+    else if (m == 2) bounds_of_heads<2, 2>(qh, st, kvh, b0, b1, oh, out_stride);
+    else bounds_of_heads<4, 1>(qh, st, kvh, b0, b1, oh, out_stride);
+    h += m;
   }
+}
+
+void block_bounds(const float* q, const BlockTopKState& st, int64_t kvh, int64_t b0, int64_t b1, float* out) {
+  block_bounds(q, 1, st, kvh, b0, b1, out, 0);
 }
 
 BlockTopKSettings block_topk_settings(const AttentionOptions& o, const ModelConfig& c, int64_t layer) {

@@ -91,6 +91,11 @@ struct BlockTopKState final : AttentionState {
 // summed over d in order. The selection and the budget calibration (block_budget.h) both score
 // with it, so they rank blocks with the same bits.
 void block_bounds(const float* q, const BlockTopKState& st, int64_t kvh, int64_t b0, int64_t b1, float* out);
+// The same for nh query heads of kv head kvh at once (their queries hd floats apart in q, their
+// bounds out_stride floats apart in out), with the same bits as one head at a time: each pair of
+// block ranges is read once for all of them.
+void block_bounds(const float* q, int64_t nh, const BlockTopKState& st, int64_t kvh, int64_t b0, int64_t b1,
+                  float* out, int64_t out_stride);
 
 // The blocks of every (row, head) of call a into qg [T, heads, kq]; returns kq = s.k + 1 (or
 // fewer when the call's rows have fewer candidates). Slot 0 holds the block of the row's last far

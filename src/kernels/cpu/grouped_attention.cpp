@@ -772,6 +772,32 @@ void grouped_attention(const float* q, KvView k, KvView v, float* o, float* lse,
   grouped_attention(q, kf.data(), vf.data(), o, lse, s, r, idx);
 }
 
+namespace {
+
+// Copies a run of len consecutive keys of a transposed block (row d at src + d * ld_src) into
+// a key tile's columns (row d at dst + d * kBk). Runs of 4 and 8 (whole blocks of those sizes)
+// move 16 bytes at a time; the loops keep the dimension outside, so the compiler does not turn
+// them into a library call per dimension.
+inline void copy_run(float* dst, const float* src, int64_t ld_src, int64_t hd, int64_t len) {
+  typedef float v4u __attribute__((vector_size(16), aligned(4)));
+  auto move4 = [](float* to, const float* from) { *reinterpret_cast<v4u*>(to) = *reinterpret_cast<const v4u*>(from); };
+  if (len == 4) {
+    for (int64_t d = 0; d < hd; ++d) move4(dst + d * kBk, src + d * ld_src);
+    return;
+  }
+  if (len == 8) {
+    for (int64_t d = 0; d < hd; ++d) {
+      move4(dst + d * kBk, src + d * ld_src);
+      move4(dst + d * kBk + 4, src + d * ld_src + 4);
+    }
+    return;
+  }
+  for (int64_t c = 0; c < len; ++c)
+    for (int64_t d = 0; d < hd; ++d) dst[d * kBk + c] = src[d * ld_src + c];
+}
+
+}  // namespace
+
 void block_list_attention(const float* q, const float* k, const float* v, float* o, float* lse, const AttnShape& s,
                           int64_t block, const int32_t* lists, int64_t kq) {
   check_shape(s);
@@ -793,13 +819,42 @@ void block_list_attention(const float* q, const float* k, const float* v, float*
   const int64_t items = H * (tiles - first);
   if (items <= 0) return;
   int32_t bad = -1;  // a block id outside the keys, found while reading the lists (checked after)
+  // The keys block by block, each block transposed: [kv_heads][blocks][hd][block], so a run of a
+  // block's keys is a few consecutive floats per dimension, and a block is one contiguous piece.
+  // (The caller's buffer, reached by the team through a plain pointer.)
+  // The values likewise as [kv_heads][n][hdp] rows padded with zeros, so a run's values are one
+  // contiguous piece, copied into a value tile at once.
+  static thread_local std::vector<float> kT_buf, vP_buf;
+  kT_buf.resize(s.kv_heads * nb * hd * block);
+  vP_buf.resize(s.kv_heads * n * hdp);
+  float* const kT = kT_buf.data();
+  float* const vP = vP_buf.data();
+#pragma omp parallel for schedule(static)
+  for (int64_t x = 0; x < s.kv_heads * nb; ++x) {
+    const int64_t kvh = x / nb, b = x % nb;
+    float* dst = kT + x * hd * block;
+    for (int64_t j = b * block; j < std::min(n, (b + 1) * block); ++j) {
+      const float* kr = k + j * s.kv_stride + kvh * hd;
+      for (int64_t d = 0; d < hd; ++d) dst[d * block + j - b * block] = kr[d];
+      float* vr = vP + (kvh * n + j) * hdp;
+      std::memcpy(vr, v + j * s.kv_stride + kvh * hd, hd * sizeof(float));
+      std::fill(vr + hd, vr + hdp, 0.f);
+    }
+  }
 #pragma omp parallel
   {
     QueryTile qt(hdp);
     RowSpan spans[kBq];
     AlignedFloats kt(hdp * kBk), vt(kBk * hdp), bias(kBq * kBk);
     std::vector<int64_t> stamp(nb, -1);
-    std::vector<int32_t> uni, slot_pos, slot_u, uidx(nb);
+    std::vector<int32_t> uni, uidx(nb);
+    // The far keys of the union as runs of consecutive positions, one per block: (union index,
+    // first position, length), cut at key tile boundaries.
+    struct Run {
+      int32_t u, j0, len, c;  // c: first slot in its key tile
+    };
+    std::vector<Run> runs;
+    std::vector<int64_t> tile_runs;  // [key tiles + 1] first run of each key tile
     std::vector<uint64_t> sel;
     std::vector<float> part(hd);
     std::vector<char> seen(kListRows);
@@ -833,45 +888,53 @@ void block_list_attention(const float* q, const float* k, const float* v, float*
           const int32_t b = lists[(t * H + h) * kq + c];
           if (b >= 0 && b < nb) sel[(t - t0) * words + uidx[b] / 64] |= uint64_t{1} << (uidx[b] % 64);
         }
-      // Their far keys: positions S .. last.
-      slot_pos.clear();
-      slot_u.clear();
-      for (int64_t u = 0; u < U; ++u)
-        for (int64_t j = std::max<int64_t>(uni[u] * block, S); j < std::min<int64_t>((uni[u] + 1) * block, last + 1); ++j) {
-          slot_pos.push_back((int32_t)j);
-          slot_u.push_back((int32_t)u);
+      // Their far keys (positions S .. last), in key tiles of kBk slots.
+      runs.clear();
+      tile_runs.assign(1, 0);
+      int64_t fill = 0;
+      for (int64_t u = 0; u < U; ++u) {
+        int64_t j = std::max<int64_t>(uni[u] * block, S);
+        const int64_t j1 = std::min<int64_t>((uni[u] + 1) * block, last + 1);
+        while (j < j1) {
+          const int64_t len = std::min<int64_t>(j1 - j, kBk - fill);
+          runs.push_back({(int32_t)u, (int32_t)j, (int32_t)len, (int32_t)fill});
+          j += len;
+          fill += len;
+          if (fill == kBk) {
+            tile_runs.push_back((int64_t)runs.size());
+            fill = 0;
+          }
         }
-      const int64_t n_keys = (int64_t)slot_pos.size();
-      if (n_keys == 0) continue;
+      }
+      if (fill > 0) tile_runs.push_back((int64_t)runs.size());
+      const int64_t key_tiles = (int64_t)tile_runs.size() - 1;
+      if (key_tiles == 0) continue;
       qt.reset((int)nr);
       for (int64_t i = 0; i < nr; ++i) qt.load_row((int)i, q + (t0 + i) * s.q_stride + h * hd, hd, s.scale);
       std::fill(seen.begin(), seen.end(), 0);
-      for (int64_t c0 = 0; c0 < n_keys; c0 += kBk) {
-        const int64_t m = std::min<int64_t>(kBk, n_keys - c0);
-        for (int64_t c = 0; c < kBk; ++c) {
-          float* vr = vt.data() + c * hdp;
-          if (c >= m) {
-            for (int64_t d = 0; d < hdp; ++d) kt[d * kBk + c] = 0.f;
-            std::fill(vr, vr + hdp, 0.f);
-            continue;
-          }
-          const int64_t j = slot_pos[c0 + c];
-          const float* kr = k + j * s.kv_stride + kvh * hd;
-          for (int64_t d = 0; d < hd; ++d) kt[d * kBk + c] = kr[d];
-          for (int64_t d = hd; d < hdp; ++d) kt[d * kBk + c] = 0.f;
-          std::memcpy(vr, v + j * s.kv_stride + kvh * hd, hd * sizeof(float));
-          std::fill(vr + hd, vr + hdp, 0.f);
+      const float* kTh = kT + kvh * nb * hd * block;
+      for (int64_t kt_i = 0; kt_i < key_tiles; ++kt_i) {
+        const Run* r0 = runs.data() + tile_runs[kt_i];
+        const Run* r1 = runs.data() + tile_runs[kt_i + 1];
+        const int64_t m = r1[-1].c + r1[-1].len;
+        for (const Run* r = r0; r < r1; ++r) {
+          const int64_t b = r->j0 / block;
+          copy_run(kt.data() + r->c, kTh + b * hd * block + (r->j0 - b * block), block, hd, r->len);
+          std::memcpy(vt.data() + r->c * hdp, vP + (kvh * n + r->j0) * hdp, r->len * hdp * sizeof(float));
         }
+        for (int64_t d = 0; d < hdp; ++d)  // padding: zero keys (hidden by the spans) and dimensions
+          std::fill(kt.data() + d * kBk + (d < hd ? m : 0), kt.data() + (d + 1) * kBk, 0.f);
+        for (int64_t c = m; c < kBk; ++c) std::fill(vt.data() + c * hdp, vt.data() + (c + 1) * hdp, 0.f);
         for (int64_t i = 0; i < nr; ++i) {
           const int64_t lim = t0 + i - w;
           const uint64_t* bits = sel.data() + i * words;
           float* br = bias.data() + i * kBk;
           bool any = false;
-          for (int64_t c = 0; c < m; ++c) {
-            const int32_t u = slot_u[c0 + c];
-            const bool vis = slot_pos[c0 + c] <= lim && (bits[u / 64] >> (u % 64) & 1);
-            br[c] = vis ? 0.f : kNegInf;
-            any |= vis;
+          for (const Run* r = r0; r < r1; ++r) {
+            // This row sees the run's keys up to lim when it chose the run's block.
+            const int64_t cut = (bits[r->u / 64] >> (r->u % 64) & 1) ? std::clamp<int64_t>(lim - r->j0 + 1, 0, r->len) : 0;
+            for (int64_t c = 0; c < r->len; ++c) br[r->c + c] = c < cut ? 0.f : kNegInf;
+            any |= cut > 0;
           }
           spans[i] = RowSpan{};
           if (any) {

@@ -98,6 +98,8 @@ void measure_block_mass_call(const AttentionCall& a, BlockMassCurves& cv, const 
         cand.resize(nb);
         bound.resize(nb);
         block_bounds(q, st, h / hpk, lo, cur, bound.data());
+        for (float& x : bound)
+          if (std::isnan(x)) x = -std::numeric_limits<float>::infinity();  // ranked last, as the selection does
         for (int64_t b = lo; b < cur; ++b) {
           bm[b - lo] = mass(b * B, (b + 1) * B);
           cand[b - lo] = {bound[b - lo], (int32_t)b};

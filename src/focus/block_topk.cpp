@@ -31,6 +31,11 @@ float kth_largest(const float* x, int64_t n, int64_t k, std::vector<float>& scra
     return scratch[k - 1];
   }
   const float scale = 255.f / range;
+  if (!std::isfinite(scale)) {  // a range too small to divide by: order them all
+    scratch.assign(x, x + n);
+    std::nth_element(scratch.begin(), scratch.begin() + (k - 1), scratch.end(), std::greater<float>());
+    return scratch[k - 1];
+  }
   int64_t count[256] = {};
   bucket.resize(n);
   for (int64_t i = 0; i < n; ++i) {

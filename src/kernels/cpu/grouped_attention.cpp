@@ -312,8 +312,9 @@ struct Scratch {
   std::vector<PackedKeys> packed;  // per routing head of one kv head
   FloatBuffer win_lse;             // [heads, n] the window part's lse
   FloatBuffer slot_o, slot_lse;    // [n, hpk, kq, hd] / [n, hpk, kq] the group parts of one kv head
+  FloatBuffer list_k, list_v;      // block_list_attention's keys block by block and padded values
   size_t bytes() const {
-    size_t b = win_lse.bytes() + slot_o.bytes() + slot_lse.bytes();
+    size_t b = win_lse.bytes() + slot_o.bytes() + slot_lse.bytes() + list_k.bytes() + list_v.bytes();
     for (const auto& p : packed) b += p.kt.bytes() + p.v.bytes();
     return b;
   }
@@ -322,6 +323,8 @@ struct Scratch {
     win_lse.release();
     slot_o.release();
     slot_lse.release();
+    list_k.release();
+    list_v.release();
   }
 };
 thread_local Scratch tl_scratch;
@@ -821,14 +824,13 @@ void block_list_attention(const float* q, const float* k, const float* v, float*
   int32_t bad = -1;  // a block id outside the keys, found while reading the lists (checked after)
   // The keys block by block, each block transposed: [kv_heads][blocks][hd][block], so a run of a
   // block's keys is a few consecutive floats per dimension, and a block is one contiguous piece.
-  // (The caller's buffer, reached by the team through a plain pointer.)
   // The values likewise as [kv_heads][n][hdp] rows padded with zeros, so a run's values are one
-  // contiguous piece, copied into a value tile at once.
-  static thread_local std::vector<float> kT_buf, vP_buf;
-  kT_buf.resize(s.kv_heads * nb * hd * block);
-  vP_buf.resize(s.kv_heads * n * hdp);
-  float* const kT = kT_buf.data();
-  float* const vP = vP_buf.data();
+  // contiguous piece, copied into a value tile at once. (The calling thread's scratch, trimmed
+  // with the kernel's other buffers, reached by the team through plain pointers.)
+  tl_scratch.list_k.resize(s.kv_heads * nb * hd * block);
+  tl_scratch.list_v.resize(s.kv_heads * n * hdp);
+  float* const kT = tl_scratch.list_k.data();
+  float* const vP = tl_scratch.list_v.data();
 #pragma omp parallel for schedule(static)
   for (int64_t x = 0; x < s.kv_heads * nb; ++x) {
     const int64_t kvh = x / nb, b = x % nb;

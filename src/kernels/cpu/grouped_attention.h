@@ -106,7 +106,8 @@ void grouped_attention(const float* q, KvView k, KvView v, float* o, float* lse,
 // of its own blocks (a -inf bias elsewhere), and its partial state is merged into the window
 // part. Neighbouring rows choose much the same blocks, so the work of the union is about twice
 // that of the rows' own blocks, done in dense tiles. Does not depend on the thread count. Throws
-// focus::Error on a bad shape or a block id outside the keys.
+// focus::Error on a bad shape or on a block id outside the keys among the lists it reads (those of
+// rows with a far key); a block listed twice for a row is read once.
 constexpr int64_t kListRows = 16;
 void block_list_attention(const float* q, const float* k, const float* v, float* o, float* lse, const AttnShape& s,
                           int64_t block, const int32_t* lists, int64_t kq);

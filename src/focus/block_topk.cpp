@@ -12,9 +12,6 @@
 namespace focus {
 namespace {
 
-// Up to this many (row, head) pairs a call goes through the grouped kernel's gathered path.
-constexpr int64_t kFewPairs = 64;
-
 // The k-th largest of x[0 .. n-1] (1 <= k <= n; no NaN). The values are spread over 256 buckets
 // by a monotone map of [min, max] (so a higher bucket holds only larger values); the bucket
 // holding the k-th largest is found by counting from the top, and only its values are ordered.
@@ -24,14 +21,9 @@ float kth_largest(const float* x, int64_t n, int64_t k, std::vector<float>& scra
     mn = std::min(mn, x[i]);
     mx = std::max(mx, x[i]);
   }
-  const float range = mx - mn;
-  if (!(range > 0.f) || !std::isfinite(range)) {  // all equal, or infinities: order them all
-    scratch.assign(x, x + n);
-    std::nth_element(scratch.begin(), scratch.begin() + (k - 1), scratch.end(), std::greater<float>());
-    return scratch[k - 1];
-  }
-  const float scale = 255.f / range;
-  if (!std::isfinite(scale)) {  // a range too small to divide by: order them all
+  const float range = mx - mn, scale = 255.f / range;
+  // All equal, infinities, or a range too small to divide by: order them all.
+  if (!(range > 0.f) || !std::isfinite(range) || !std::isfinite(scale)) {
     scratch.assign(x, x + n);
     std::nth_element(scratch.begin(), scratch.begin() + (k - 1), scratch.end(), std::greater<float>());
     return scratch[k - 1];
@@ -86,7 +78,7 @@ class BlockTopKAttention final : public AttentionPolicy {
     sh.local_window = s_.window;
     sh.sinks = s_.sinks;
     const cpu::GroupedRouting routing{st->index.n_groups, 1, st->key_group.data(), kq, qg.data()};
-    if (a.pos0 == 0 && a.T * c.heads > kFewPairs) {
+    if (a.pos0 == 0 && a.T * c.heads > cpu::kFewPairs) {
       // A prefill from the start: the rows' blocks in tiles of neighbouring rows.
       cpu::block_list_attention(a.q, a.k, a.v, a.out, nullptr, sh, s_.block, qg.data(), kq);
     } else {

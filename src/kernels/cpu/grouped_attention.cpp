@@ -428,9 +428,9 @@ void tiled_attention(const float* q, const float* k, const float* v, float* o, f
 // Chunks and decoding: each (row, head) gathers its visible keys (sinks, the members of its groups
 // beyond the window, the window) and cuts them into slices of kSlice keys; each slice's partial
 // state (m, l, then head_dim unnormalised output floats) is merged in slice order.
-// (kSlice: decode_slices.h.) Up to this many (row, head) pairs (decoding, small chunks), every (row, head, slice) is a task
-// and the group part is gathered too: too few rows to fill a query tile.
-constexpr int64_t kFewPairs = 64;
+// (kSlice: decode_slices.h.) Up to kFewPairs (row, head) pairs (grouped_attention.h: decoding,
+// small chunks), every (row, head, slice) is a task and the group part is gathered too: too few
+// rows to fill a query tile.
 
 void row_keys(const AttnShape& s, const GroupedRouting& r, const GroupedKeyIndex& idx, int64_t t, int64_t h,
               bool with_groups, std::vector<int32_t>& keys) {

@@ -92,6 +92,8 @@ void grouped_attention_reference(const float* q, const float* k, const float* v,
 // one slot list, or an index that does not match the routing.
 void grouped_attention(const float* q, const float* k, const float* v, float* o, float* lse, const AttnShape& s,
                        const GroupedRouting& routing, const GroupedKeyIndex& idx);
+// Up to this many (row, head) pairs a call is decoding-sized: it takes the gathered path.
+constexpr int64_t kFewPairs = 64;
 
 // The same over a KV cache of any element type (kv_stride in elements): decoding reads the
 // cached elements directly; more rows run the float kernel on the widened values.

@@ -49,6 +49,7 @@ def main():
     ap.add_argument("--attentions", default="dense,focus", help="which to run (a variant of Focus alone: focus)")
     ap.add_argument("--valid-windows", type=int, default=32)
     ap.add_argument("--bin", default=os.path.join(ROOT, "build", "focus"))
+    ap.add_argument("--threads", type=int, default=0, help="threads of each run (default: all cores)")
     ap.add_argument("--data", default=os.path.join(ROOT, "..", "shared", "data"))
     ap.add_argument("--work", default="/tmp/focus_train_compare")
     ap.add_argument("--out", default=os.path.join(ROOT, "docs", "results", "train_scratch"))
@@ -65,7 +66,7 @@ def main():
         for attention in a.attentions.split(","):
             for seed in a.seeds.split(","):
                 out = os.path.join(a.work, f"{arch}-{attention}-{seed}")
-                cmd = [a.bin, "train", "--arch", arch, "--attention", attention, "--tokenizer", tok, "--train", *train,
+                cmd = [a.bin, *(["--threads", str(a.threads)] if a.threads else []), "train", "--arch", arch, "--attention", attention, "--tokenizer", tok, "--train", *train,
                        "--valid", *valid, "--ctx", str(a.ctx), "--steps", str(a.steps), "--batch", str(a.batch),
                        "--lr", a.lr, "--warmup", str(a.warmup or max(1, a.steps // 20)), "--eval-every", str(max(1, a.steps // 4)),
                        "--valid-windows", str(a.valid_windows), "--seed", seed, "--out", out, "--json"]
@@ -124,9 +125,10 @@ def main():
         cpu = platform.processor()
     date = datetime.date.today().isoformat()
     lines = ["# Dense vs Focus trained from scratch", "",
-             f"{date}, {cpu}, {os.cpu_count()} threads. Command: `python3 scripts/train_compare.py --archs {a.archs} "
+             f"{date}, {cpu}, {a.threads or os.cpu_count()} threads. Command: `python3 scripts/train_compare.py --archs {a.archs} "
              f"--seeds {a.seeds} --ctx {a.ctx} --steps {a.steps} --batch {a.batch} --lr {a.lr} "
              + f"--warmup {a.warmup or max(1, a.steps // 20)} " + (f"--extra '{a.extra}' " if a.extra else "") +
+             (f"--threads {a.threads} " if a.threads else "") +
              f"--window {a.window} "
              f"--groups {a.groups} --balance {a.balance} --attentions {a.attentions}`.", "",
              "Train: Sherlock Holmes, Dracula, Great Expectations; validation: Pride and Prejudice "

@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
 # Kill anywhere: a training run killed with SIGKILL at random moments (during a step, a
 # validation, a checkpoint write) and resumed each time ends with the same bits as a run never
-# interrupted, same seed and threads. Then a checkpoint write that fails (file-size limit) must
-# leave the previous checkpoint intact and say so clearly.
-#   scripts/kill_resume.sh [--kills N] [--trainers retrofit,lora] FOCUS_BIN DATA_DIR
-# Uses the stories260K model and three Gutenberg books of DATA_DIR (../shared/data). Exits
+# interrupted, same seed and threads. Then a checkpoint write that fails (file-size limit, and a
+# read-only folder) must leave the previous checkpoint intact and say so clearly.
+#   scripts/kill_resume.sh [--kills N] [--trainers retrofit,lora,train] FOCUS_BIN DATA_DIR
+# Trainers: focus retrofit (routers) and focus lora (adapters) on the stories260K model, focus
+# train (a small Llama-style model with Focus routers, from scratch, with stories260K's
+# tokenizer); three Gutenberg books of DATA_DIR (../shared/data). Exits
 # non-zero, saying why, on any difference. Prints one line per trainer: kills, resumes, result.
 set -euo pipefail
-KILLS=20 TRAINERS=retrofit,lora STEPS=120
+KILLS=20 TRAINERS=retrofit,lora,train STEPS=120
 while [ $# -gt 0 ]; do
   case "$1" in
     --kills) KILLS=${2:?--kills needs a number}; shift 2 ;;
@@ -15,7 +17,7 @@ while [ $# -gt 0 ]; do
     *) break ;;
   esac
 done
-[ $# -eq 2 ] || { echo "usage: scripts/kill_resume.sh [--kills N] [--trainers retrofit,lora] FOCUS_BIN DATA_DIR" >&2; exit 2; }
+[ $# -eq 2 ] || { echo "usage: scripts/kill_resume.sh [--kills N] [--trainers retrofit,lora,train] FOCUS_BIN DATA_DIR" >&2; exit 2; }
 FOCUS=$(realpath "$1")
 DATA=$(realpath "$2")
 MODEL="$DATA/models/stories260K/stories260K.bin"
@@ -25,19 +27,29 @@ done
 TMP=$(mktemp -d)
 trap 'rm -rf "$TMP"' EXIT
 
-common=(--model "$MODEL" --train "$DATA/text/pg-1661-the-adventures-of-sherlock-holmes.txt" "$DATA/text/pg-345-dracula.txt"
+# focus train's model: two layers of width 64, grouped-query attention (4 heads, 2 kv heads).
+cat > "$TMP/config.json" <<'JSON'
+{"model_type": "llama", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+ "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 512, "max_position_embeddings": 256,
+ "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "tie_word_embeddings": true}
+JSON
+common=(--train "$DATA/text/pg-1661-the-adventures-of-sherlock-holmes.txt" "$DATA/text/pg-345-dracula.txt"
         --valid "$DATA/text/pg-1342-pride-and-prejudice.txt" --ctx 128 --steps "$STEPS" --batch 2 --warmup 4
         --eval-every 8 --valid-windows 4 --checkpoint-seconds 0 --seed 11)
-args_of() {
+args_of() {  # sets extra: the trainer's own flags
   case "$1" in
-    retrofit) echo --window 16 --groups 8 --dg 16 --lr 3e-3 ;;
-    lora) echo --rank 4 --lr 1e-3 ;;
+    retrofit) extra=(--model "$MODEL" --window 16 --groups 8 --dg 16 --lr 3e-3) ;;
+    lora) extra=(--model "$MODEL" --rank 4 --lr 1e-3) ;;
+    train) extra=(--config "$TMP/config.json" --tokenizer "$DATA/models/stories260K/tok512.bin" --lr 3e-3
+                  --attention focus --window 16 --groups 4 --balance swav) ;;
+    *) extra=() ;;
   esac
 }
 outputs_of() {
   case "$1" in
     retrofit) echo router.safetensors focus.json ;;
     lora) echo lora.safetensors lora.json ;;
+    train) echo model/model.safetensors model/config.json routers/router.safetensors routers/focus.json ;;
   esac
 }
 
@@ -45,8 +57,7 @@ steps_logged() { cat "$out/metrics.jsonl" 2>/dev/null | grep -c grad_norm || tru
 
 status=0
 for trainer in ${TRAINERS//,/ }; do
-  # shellcheck disable=SC2207
-  extra=($(args_of "$trainer"))
+  args_of "$trainer"
   [ ${#extra[@]} -gt 0 ] || { echo "kill_resume: unknown trainer $trainer" >&2; exit 2; }
   ref="$TMP/$trainer-ref" out="$TMP/$trainer-killed"
   "$FOCUS" -t 2 "$trainer" "${common[@]}" "${extra[@]}" --out "$ref" > "$TMP/ref.log" 2>&1 ||
@@ -107,6 +118,31 @@ for trainer in ${TRAINERS//,/ }; do
     echo "$trainer: failed checkpoint write (ulimit -f ${limit_kb}): exit $rc, previous checkpoint intact; message: $msg"
   else
     echo "kill_resume: $trainer: failed checkpoint write: exit $rc, message '$msg', previous checkpoint" \
+         "$(cmp -s "$TMP/before.safetensors" "$fail_dir/checkpoint.safetensors" && echo intact || echo CHANGED)" >&2
+    status=1
+  fi
+
+  # The same from a folder the run may not write to (root writes anyway, so as user nobody there).
+  as_user=()
+  if [ "$(id -u)" = 0 ]; then
+    if command -v setpriv > /dev/null; then as_user=(setpriv --reuid=65534 --regid=65534 --clear-groups); else
+      echo "$trainer: read-only folder not tried (running as root without setpriv)"; continue; fi
+    chmod 755 "$TMP"
+    chmod -R a+rX "$TMP"
+  fi
+  chmod -R a-w "$fail_dir"
+  set +e
+  "${as_user[@]}" "$FOCUS" -t 2 "$trainer" "${common[@]}" "${extra[@]}" --out "$fail_dir" --resume --stop-after 2 \
+    > "$TMP/ro.log" 2>&1
+  rc=$?
+  set -e
+  chmod -R u+w "$fail_dir"
+  msg=$(grep -i "error" "$TMP/ro.log" | tail -1 || true)
+  if [ $rc -ne 0 ] && cmp -s "$TMP/before.safetensors" "$fail_dir/checkpoint.safetensors" && [ -n "$msg" ]; then
+    echo "$trainer: read-only folder: exit $rc, previous checkpoint intact; message: $msg"
+  else
+    cat "$TMP/ro.log" >&2
+    echo "kill_resume: $trainer: read-only folder: exit $rc, message '$msg', previous checkpoint" \
          "$(cmp -s "$TMP/before.safetensors" "$fail_dir/checkpoint.safetensors" && echo intact || echo CHANGED)" >&2
     status=1
   fi

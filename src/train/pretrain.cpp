@@ -167,7 +167,9 @@ PretrainResult run_pretrain(const PretrainOptions& o) {
   const std::string routers_dir = (fs::path(o.out) / "routers").string();
   task.save_outputs = [&] {
     save_model_params(p, model_dir, o.tokenizer);
-    if (with_focus) save_focus(routers, routers_dir, m.cfg, model_dir);
+    // The routers name their model relative to their own folder: the output folder can move, and
+    // a resumed run writes the same bytes as one never interrupted.
+    if (with_focus) save_focus(routers, routers_dir, m.cfg, "../model");
   };
 
   const TrainLoopResult lr = run_train_loop(o, d, task);

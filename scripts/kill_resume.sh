@@ -125,10 +125,17 @@ for trainer in ${TRAINERS//,/ }; do
   # The same from a folder the run may not write to (root writes anyway, so as user nobody there).
   as_user=()
   if [ "$(id -u)" = 0 ]; then
-    if command -v setpriv > /dev/null; then as_user=(setpriv --reuid=65534 --regid=65534 --clear-groups); else
+    if ! command -v setpriv > /dev/null; then
       echo "$trainer: read-only folder not tried (running as root without setpriv)"; continue; fi
+    as_user=(setpriv --reuid=65534 --regid=65534 --clear-groups)
     chmod 755 "$TMP"
     chmod -R a+rX "$TMP"
+    # nobody must be able to run the binary and read the data (not so when they live in root's home)
+    if ! "${as_user[@]}" "$FOCUS" --help > /dev/null 2>&1 ||
+       ! "${as_user[@]}" test -r "$MODEL" -a -r "$DATA/text/pg-345-dracula.txt" -a -r "$DATA/models/stories260K/tok512.bin" \
+         -a -r "$fail_dir/checkpoint.safetensors"; then
+      echo "$trainer: read-only folder not tried (user nobody cannot run $FOCUS or read its data and checkpoint)"; continue
+    fi
   fi
   chmod -R a-w "$fail_dir"
   set +e

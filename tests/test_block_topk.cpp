@@ -243,6 +243,78 @@ TEST(BlockTopK, BoundsMatchFloat64) {
   EXPECT_THROW(block_bounds(q.data(), st, 0, 0, st.complete_blocks() + 1, a.data()), focus::Error);
 }
 
+// The selection given the bounds (block_bounds' bits), against a full sort by block_ranks_before
+// with NaN last, on bounds the bucket search cannot divide: all equal, spread over a range far
+// below float's smallest normal (1e-42: the bucket scale overflows), with infinities, and with
+// NaN. Each (row, head) must list the blocks the sort puts first, ascending.
+TEST(BlockTopK, SelectsExactlyOnExtremeBounds) {
+  ModelConfig c = small_config();  // 4 heads, 2 kv heads, head dim 8
+  const int64_t n = 300, B = 2, hd = c.head_dim;
+  BlockTopKSettings s;
+  s.block = B;
+  s.window = 4;
+  s.sinks = 1;
+  s.set_head_k({1, 5, 17, 40});
+  for (int kind = 0; kind < 4; ++kind) {
+    SCOPED_TRACE("kind " + std::to_string(kind));
+    std::vector<float> q(n * c.q_dim(), 0.f), k(n * c.kv_dim(), 0.f);
+    for (int64_t t = 0; t < n; ++t) q[t * c.q_dim()] = q[t * c.q_dim() + 2 * hd] = 1.f;  // each kv head's first query head
+    for (int64_t t = 0; t < n; ++t) q[t * c.q_dim() + hd] = q[t * c.q_dim() + 3 * hd] = -1.f;
+    for (int64_t t = 0; t < n; ++t)
+      for (int64_t h = 0; h < c.heads; ++h) q[t * c.q_dim() + h * hd + 1] = q[t * c.q_dim() + h * hd];
+    for (int64_t j = 0; j < n; ++j)
+      for (int64_t g = 0; g < c.kv_heads; ++g) {
+        float& x = k[j * c.kv_dim() + g * hd];
+        if (kind == 0) x = 0.5f;                                  // every bound equal
+        if (kind == 1) x = (float)((j * 7919) % 13) * 1e-44f;     // denormal spread, many ties
+        if (kind == 2) x = (j % 9 == 0) ? INFINITY : (j % 11 == 0 ? -INFINITY : (float)(j % 5));
+        if (kind == 3) {  // every seventh block: +inf in one dimension, -inf in the next: NaN bounds
+          const bool bad = (j / B) % 7 == 0;
+          x = bad ? INFINITY : (float)(j % 6) * 1e-3f;
+          k[j * c.kv_dim() + g * hd + 1] = bad ? -INFINITY : 0.f;
+        }
+      }
+    BlockTopKState st(B, c.kv_heads, hd);
+    st.append(k.data(), c.kv_dim(), n);
+    AttentionCall a;
+    a.cfg = &c;
+    a.pos0 = 0;
+    a.T = n;
+    a.q = q.data();
+    a.k = k.data();
+    std::vector<int32_t> qg;
+    const int kq = block_topk_select(a, st, s, qg);
+    int64_t checked = 0, nans = 0;
+    for (int64_t t = 0; t < n; ++t) {
+      const int64_t f = t - s.window;
+      if (f < s.sinks) continue;
+      const int64_t cur = f / B, lo = s.sinks / B, nb = cur - lo;
+      for (int64_t h = 0; h < c.heads; ++h) {
+        const int64_t Kh = std::min(s.k_of(h), (int64_t)kq - 1);
+        if (nb <= Kh) continue;
+        std::vector<float> bd(nb);
+        block_bounds(q.data() + t * c.q_dim() + h * hd, st, h / 2, lo, cur, bd.data());
+        if (kind == 3) nans += std::count_if(bd.begin(), bd.end(), [](float x) { return std::isnan(x); });
+        std::vector<std::pair<float, int32_t>> cand;
+        for (int64_t x = 0; x < nb; ++x)
+          cand.push_back({std::isnan(bd[x]) ? -INFINITY : bd[x], (int32_t)(lo + x)});
+        std::sort(cand.begin(), cand.end(), block_ranks_before);
+        std::vector<int32_t> want;
+        for (int64_t i = 0; i < Kh; ++i) want.push_back(cand[i].second);
+        std::sort(want.begin(), want.end());
+        const int32_t* slots = qg.data() + (t * c.heads + h) * kq;
+        ASSERT_EQ(slots[0], cur);
+        ASSERT_EQ(std::vector<int32_t>(slots + 1, slots + 1 + Kh), want) << "row " << t << " head " << h;
+        ++checked;
+      }
+    }
+    EXPECT_GT(checked, 500);
+    if (kind == 3) {
+      EXPECT_GT(nans, 1000) << "NaN bounds to rank";
+    }
+  }
+}
+
 // K large enough to read every block: dense causal attention, at density one.
 TEST(BlockTopK, ReadingEveryBlockIsDense) {
   for (Arch arch : {Arch::Llama, Arch::GPT2, Arch::Gemma3}) {

@@ -77,12 +77,15 @@ def main():
                 # A finished run of the same command is reused; an interrupted one resumes from its
                 # checkpoint (`focus train --resume` continues bit for bit); anything else starts over.
                 done, started = os.path.join(out, "result.json"), os.path.join(out, "command.json")
+                # The same run is the same flags, whichever path the binary has (the records of a run
+                # may be copied to another machine and reused there).
+                same = lambda c: isinstance(c, list) and c[1:] == cmd[1:]
                 r = None
-                if os.path.exists(done) and read_json(done).get("command") == cmd:
+                if os.path.exists(done) and same(read_json(done).get("command")):
                     r = read_json(done)["result"]
                     print(f"{out}: finished before, reused", flush=True)
                 else:
-                    resume = (os.path.exists(started) and read_json(started).get("command") == cmd and
+                    resume = (os.path.exists(started) and same(read_json(started).get("command")) and
                               os.path.exists(os.path.join(out, "checkpoint.safetensors")))
                     if not resume and os.path.exists(out):
                         subprocess.run(["rm", "-rf", out], check=True)

@@ -7,6 +7,7 @@ the resume of a stopped one and the restart of a changed one are each seen.
 """
 import json
 import os
+import shutil
 import struct
 import subprocess
 import sys
@@ -123,7 +124,7 @@ print(json.dumps(r))
 
 
 class TrainCompare(unittest.TestCase):
-    def run_compare(self, d, steps="4", stop_at=None, stop_early=None):
+    def run_compare(self, d, steps="4", stop_at=None, stop_early=None, stub="focus_stub"):
         env = dict(os.environ, STUB_LOG=os.path.join(d, "log.jsonl"))
         env.pop("STUB_STOP_AT", None)
         env.pop("STUB_STOP_EARLY", None)
@@ -132,7 +133,7 @@ class TrainCompare(unittest.TestCase):
         if stop_early:
             env["STUB_STOP_EARLY"] = stop_early
         return subprocess.run([sys.executable, os.path.join(SCRIPTS, "train_compare.py"), "--archs", "gqa",
-                               "--seeds", "1,2", "--steps", steps, "--bin", os.path.join(d, "focus_stub"),
+                               "--seeds", "1,2", "--steps", steps, "--bin", os.path.join(d, stub),
                                "--data", os.path.join(d, "data"), "--work", os.path.join(d, "work"),
                                "--out", os.path.join(d, "out", "cmp")], env=env, capture_output=True, text=True)
 
@@ -177,6 +178,12 @@ class TrainCompare(unittest.TestCase):
             self.assertIn("| gqa | focus | 2 | 1,000 | 4,096 | 41.50 ± 0.71 | 42.50 ± 0.71 | 0.300 |", md)
             # Nothing left to do: every run is reused.
             p = self.run_compare(d)
+            self.assertEqual(p.returncode, 0, p.stderr)
+            self.assertEqual(self.calls(d), [])
+            # The same flags with the binary elsewhere (records copied from another machine) are
+            # the same runs.
+            shutil.copy(stub, os.path.join(d, "focus_stub2"))
+            p = self.run_compare(d, stub="focus_stub2")
             self.assertEqual(p.returncode, 0, p.stderr)
             self.assertEqual(self.calls(d), [])
             # Another command (more steps) starts every run over, without --resume.

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Kill anywhere: a training run killed with SIGKILL at random moments (during a step, a
 # validation, a checkpoint write) and resumed each time ends with the same bits as a run never
-# interrupted, same seed and threads. Then a checkpoint write that fails (file-size limit, and a
-# read-only folder) must leave the previous checkpoint intact and say so clearly.
+# interrupted, same seed and threads. Then a checkpoint write that fails (file-size limit) must
+# leave the previous checkpoint intact and say so clearly, and so must a resume in a folder it may
+# not write to (refused at its first write, before any step).
 #   scripts/kill_resume.sh [--kills N] [--trainers retrofit,lora,train] FOCUS_BIN DATA_DIR
 # Trainers: focus retrofit (routers) and focus lora (adapters) on the stories260K model, focus
 # train (a small Llama-style model with Focus routers, from scratch, with stories260K's
@@ -25,7 +26,7 @@ for f in "$MODEL" "$DATA/text/pg-345-dracula.txt"; do
   [ -e "$f" ] || { echo "kill_resume: $f: missing" >&2; exit 1; }
 done
 TMP=$(mktemp -d)
-trap 'rm -rf "$TMP"' EXIT
+trap 'chmod -R u+w "$TMP" 2>/dev/null; rm -rf "$TMP"' EXIT
 
 # focus train's model: two layers of width 64, grouped-query attention (4 heads, 2 kv heads).
 cat > "$TMP/config.json" <<'JSON'
@@ -122,7 +123,8 @@ for trainer in ${TRAINERS//,/ }; do
     status=1
   fi
 
-  # The same from a folder the run may not write to (root writes anyway, so as user nobody there).
+  # A resume in a folder the run may not write to (root writes anyway, so as user nobody there): it
+  # must stop at its first write with an error naming the folder, the checkpoint untouched.
   as_user=()
   if [ "$(id -u)" = 0 ]; then
     if ! command -v setpriv > /dev/null; then
@@ -132,8 +134,9 @@ for trainer in ${TRAINERS//,/ }; do
     chmod -R a+rX "$TMP"
     # nobody must be able to run the binary and read the data (not so when they live in root's home)
     if ! "${as_user[@]}" "$FOCUS" --help > /dev/null 2>&1 ||
-       ! "${as_user[@]}" test -r "$MODEL" -a -r "$DATA/text/pg-345-dracula.txt" -a -r "$DATA/models/stories260K/tok512.bin" \
-         -a -r "$fail_dir/checkpoint.safetensors"; then
+       ! "${as_user[@]}" test -r "$MODEL" -a -r "$DATA/models/stories260K/tok512.bin" -a -r "$TMP/config.json" \
+         -a -r "$DATA/text/pg-1661-the-adventures-of-sherlock-holmes.txt" -a -r "$DATA/text/pg-345-dracula.txt" \
+         -a -r "$DATA/text/pg-1342-pride-and-prejudice.txt" -a -r "$fail_dir/checkpoint.safetensors"; then
       echo "$trainer: read-only folder not tried (user nobody cannot run $FOCUS or read its data and checkpoint)"; continue
     fi
   fi
@@ -144,7 +147,7 @@ for trainer in ${TRAINERS//,/ }; do
   rc=$?
   set -e
   chmod -R u+w "$fail_dir"
-  msg=$(grep -i "error" "$TMP/ro.log" | tail -1 || true)
+  msg=$(grep -i "error: $fail_dir/.*Permission denied" "$TMP/ro.log" | tail -1 || true)
   if [ $rc -ne 0 ] && cmp -s "$TMP/before.safetensors" "$fail_dir/checkpoint.safetensors" && [ -n "$msg" ]; then
     echo "$trainer: read-only folder: exit $rc, previous checkpoint intact; message: $msg"
   else

@@ -61,12 +61,14 @@ def main():
         if not os.path.exists(f):
             sys.exit(f"missing {f}")
     tok = os.path.join(a.data, "models", "stories260K", "tok512.bin")
+    # The thread count is part of a run's identity: a run resumes bit for bit with the same threads.
+    threads = a.threads or os.cpu_count()
     runs = []
     for arch in a.archs.split(","):
         for attention in a.attentions.split(","):
             for seed in a.seeds.split(","):
                 out = os.path.join(a.work, f"{arch}-{attention}-{seed}")
-                cmd = [a.bin, *(["--threads", str(a.threads)] if a.threads else []), "train", "--arch", arch, "--attention", attention, "--tokenizer", tok, "--train", *train,
+                cmd = [a.bin, "--threads", str(threads), "train", "--arch", arch, "--attention", attention, "--tokenizer", tok, "--train", *train,
                        "--valid", *valid, "--ctx", str(a.ctx), "--steps", str(a.steps), "--batch", str(a.batch),
                        "--lr", a.lr, "--warmup", str(a.warmup or max(1, a.steps // 20)), "--eval-every", str(max(1, a.steps // 4)),
                        "--valid-windows", str(a.valid_windows), "--seed", seed, "--out", out, "--json"]
@@ -128,7 +130,7 @@ def main():
         cpu = platform.processor()
     date = datetime.date.today().isoformat()
     lines = ["# Dense vs Focus trained from scratch", "",
-             f"{date}, {cpu}, {a.threads or os.cpu_count()} threads. Command: `python3 scripts/train_compare.py --archs {a.archs} "
+             f"{date}, {cpu}, {threads} threads. Command: `python3 scripts/train_compare.py --archs {a.archs} "
              f"--seeds {a.seeds} --ctx {a.ctx} --steps {a.steps} --batch {a.batch} --lr {a.lr} "
              + f"--warmup {a.warmup or max(1, a.steps // 20)} " + (f"--extra '{a.extra}' " if a.extra else "") +
              (f"--threads {a.threads} " if a.threads else "") +

@@ -245,7 +245,7 @@ TEST(BlockTopK, BoundsMatchFloat64) {
 
 // The selection given the bounds (block_bounds' bits), against a full sort by block_ranks_before
 // with NaN last, on bounds the bucket search cannot divide: all equal, spread over a range far
-// below float's smallest normal (1e-42: the bucket scale overflows), with infinities, and with
+// below float's smallest normal (about 1e-43: the bucket scale overflows), with infinities, and with
 // NaN. Each (row, head) must list the blocks the sort puts first, ascending.
 TEST(BlockTopK, SelectsExactlyOnExtremeBounds) {
   ModelConfig c = small_config();  // 4 heads, 2 kv heads, head dim 8

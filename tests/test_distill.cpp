@@ -481,6 +481,104 @@ TEST(AsymmetricRouting, SparseTrainingSeesTheInferencePattern) {
     }
 }
 
+// Group weights (retrofit --objective sparse --group-bias): the far pairs of the hard pattern
+// carry log(p_query(g) * p_key(g)). Training computes the loss inference computes, per layer and
+// per kv head; the weights change it; the same set of pairs is read (the density of the unweighted
+// pattern); the routers' gradient, taken through the probabilities of the groups read, matches
+// central differences (all groups read and keys by their best group, so a small step changes no
+// choice); causality holds; and decoding from a cache is refused with a clear error.
+TEST(AsymmetricRouting, GroupWeightsTrainAsTheyInfer) {
+  for (Arch arch : {Arch::Llama, Arch::GPT2})
+    for (int variant = 0; variant < 2; ++variant) {
+      SCOPED_TRACE(::testing::Message() << (arch == Arch::Llama ? "llama" : "gpt2") << (variant ? " per kv head" : " per layer"));
+      auto m = random_model(arch, 17);
+      FocusSettings s = asym_settings(4, 2, 3);
+      s.per_kv_head = variant == 1;
+      s.key_capacity = 1.25f;
+      FocusRouters f = focus_init(m->cfg, s, 9);
+      const test::Win w = window_of(50, m->cfg.vocab, 10);
+      const TrainWindow tw{w.ids.data(), (int64_t)w.ids.size(), w.targets.data()};
+      int64_t scored = 0;
+      AttentionStats plain;
+      const AttentionPlan unweighted = focus_plan(m->cfg, f);
+      const double nll_plain = window_nll(*m, w.ids, w.targets, &unweighted, &plain, &scored);
+      f.settings.group_bias = true;
+      const AttentionPlan weighted = focus_plan(m->cfg, f);
+      AttentionStats st;
+      const double nll = window_nll(*m, w.ids, w.targets, &weighted, &st, &scored);
+      EXPECT_LT(st.density(), 0.9);
+      EXPECT_GT(std::fabs(nll - nll_plain), 1e-3) << "the weights should change the loss";
+      std::vector<std::vector<float>> g;
+      for (auto& r : f.routers) g.emplace_back(r.params.size(), 0.f);
+      const LossGrad lg = focus_router_loss_and_grad(*m, f, tw, 1.0f, &g);
+      EXPECT_EQ(lg.scored, scored);
+      EXPECT_NEAR(lg.loss_sum, nll, 2e-4 * std::fabs(nll));
+      // Causal: a prefix scores as it does inside the longer window.
+      const std::vector<int32_t> prefix(w.ids.begin(), w.ids.begin() + 30);
+      EXPECT_LT(max_abs_diff(hidden_of(*m, prefix, &weighted), hidden_of(*m, w.ids, &weighted), 0,
+                             30 * m->cfg.dim),
+                1e-5);
+      // Decoding from a cache needs kernels with per-group weights: refused, saying so.
+      const std::string e = focus::test::error_of([&] { test::hidden_decoded(*m, w.ids, &weighted, 30, 20); });
+      EXPECT_NE(e.find("group weights"), std::string::npos) << e;
+
+      // Central differences on the last layer's routers (no later layer re-routes), every group
+      // read and no capacity limit, along the gradient of W_r (queries), of W_k (keys) and of the
+      // centroids (both). A key changing group between the two points is a jump, not a
+      // derivative: the first router seed where no key does is the one checked.
+      FocusSettings all = s;
+      all.topk = 4;
+      all.key_capacity = 100.f;
+      all.group_bias = true;
+      int checked = 0;
+      for (uint64_t seed = 9; seed < 40 && checked == 0; ++seed) {
+        const FocusRouters fa = focus_init(m->cfg, all, seed);
+        const float scale = 1.f / (float)lg.scored;
+        std::vector<std::vector<float>> ga;
+        for (auto& r : fa.routers) ga.emplace_back(r.params.size(), 0.f);
+        focus_router_loss_and_grad(*m, fa, tw, scale, &ga);
+        const size_t last = fa.routers.size() - (variant ? m->cfg.kv_heads : 1);
+        const RouterParams& r0 = fa.routers[last];
+        const int64_t proj = r0.cfg.d_g * r0.cfg.dim;
+        std::vector<std::pair<double, double>> fd_vs_grad;
+        bool jumped = false;
+        for (auto [lo, hi] : {std::pair<int64_t, int64_t>{r0.w_r_offset(), r0.w_r_offset() + proj},
+                              {r0.w_k_offset(), r0.w_k_offset() + proj},
+                              {r0.centroids_offset(), r0.centroids_offset() + r0.cfg.groups * r0.cfg.d_g}}) {
+          std::vector<std::vector<float>> dir = ga;
+          double g2 = 0;
+          for (size_t r = 0; r < dir.size(); ++r)
+            for (int64_t i = 0; i < (int64_t)dir[r].size(); ++i) {
+              if (r < last || i < lo || i >= hi) dir[r][i] = 0.f;
+              g2 += (double)dir[r][i] * dir[r][i];
+            }
+          ASSERT_GT(g2, 1e-10) << "params " << lo << " .. " << hi;
+          const double h = 1e-3 / std::sqrt(g2);
+          std::vector<std::vector<int32_t>> groups_at[2];
+          double loss_at[2];
+          for (int side = 0; side < 2; ++side) {
+            FocusRouters p = fa;
+            for (size_t r = 0; r < dir.size(); ++r)
+              for (size_t i = 0; i < dir[r].size(); ++i) p.routers[r].params[i] += (float)((side ? h : -h) * dir[r][i]);
+            loss_at[side] = focus_router_loss(*m, p, tw) * scale;
+            const AttentionPlan plan = focus_plan(m->cfg, p);
+            AttentionStats gs;
+            gs.groups = &groups_at[side];
+            hidden_of(*m, w.ids, &plan, &gs);
+          }
+          jumped = jumped || groups_at[0] != groups_at[1];
+          fd_vs_grad.push_back({(loss_at[1] - loss_at[0]) / (2 * h), g2});
+        }
+        if (jumped) continue;
+        ++checked;
+        for (auto [fd, g2] : fd_vs_grad) {
+          EXPECT_NEAR(fd, g2, 1e-2 * g2 + 1e-6) << "router seed " << seed;
+        }
+      }
+      EXPECT_EQ(checked, 1) << "no router seed without a key changing group";
+    }
+}
+
 // Router folders keep the asymmetric routing, W_k, the capacity and the measured far mass; the
 // per-layer choice turns low-mass layers into window + sinks.
 TEST(AsymmetricRouting, FolderRoundTripAndPerLayerChoice) {

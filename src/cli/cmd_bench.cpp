@@ -40,6 +40,7 @@ Command add_bench(CLI::App& app) {
   return {bench, [bo, ba, bm, mo, ms] {
             if (bm->parsed()) {
               Loaded l = ms->load();
+              if (mo->gen > 0) l.check_decodes("bench model");
               ModelBenchOptions o = *mo;
               o.kv_type = ms->kv();
               return run_model_bench(*l.model, l.attention(), l.describe(), o);

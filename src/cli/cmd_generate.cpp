@@ -23,6 +23,7 @@ struct GenerateFlags {
 int run_generate(const GenerateFlags& f) {
   FOCUS_CHECK(f.prompt_file.empty() || f.prompt.empty(), "generate: give --prompt or --prompt-file, not both");
   const Loaded l = f.s.load();
+  l.check_decodes("generate");
   const Model& m = *l.model;
   std::string prompt = f.prompt;
   if (!f.prompt_file.empty()) {

@@ -24,6 +24,9 @@ void FocusFlags::add(CLI::App* app) {
   app->add_option("--topp", topp,
                   "asymmetric routers: a query reads its best groups until they hold this share of its router's "
                   "softmax, at most --topk of them (default then: all groups); 0: exactly --topk");
+  app->add_flag("--group-bias", group_bias,
+                "asymmetric routers: weight each far pair a query reads by log(p_query(g) * p_key(g)), the routers' "
+                "probabilities of the group (routers trained with retrofit --objective sparse --group-bias carry it)");
   app->add_option("--blocks", blocks,
                   "asymmetric routers, the hybrid pattern: each query head also reads the block of its last far "
                   "key and this many more positional blocks, those with the largest bound of q.k (0: groups only; "
@@ -44,7 +47,7 @@ void FocusFlags::check() const {
   if (dir.empty()) {
     for (const char* f : {"--mode", "--topk", "--window", "--sinks", "--groups", "--dg", "--tau", "--router-seed",
                           "--routing", "--key-capacity", "--window-only-below", "--dense-above",
-                          "--topk-by-mass", "--topp", "--blocks", "--block-size", "--block-budget"})
+                          "--topk-by-mass", "--topp", "--group-bias", "--blocks", "--block-size", "--block-budget"})
       FOCUS_CHECK(!given(f), f, " needs --focus DIR (or --focus random)");
   } else if (dir != "random") {
     for (const char* f : {"--groups", "--dg", "--tau", "--router-seed", "--routing"})
@@ -116,6 +119,11 @@ std::unique_ptr<FocusRouters> FocusFlags::make(const Model& m) const {
     f->block_budget.clear();
     set_block_budget(*f, m.cfg, b.k, block_budget);
   }
+  if (group_bias) {
+    FOCUS_CHECK(f->settings.asymmetric && f->settings.blocks == 0 && f->settings.topp == 0.f && !f->settings.route_on_qk,
+                "--group-bias needs asymmetric routers reading the hidden state, with top-k groups and no blocks");
+    f->settings.group_bias = true;
+  }
   FOCUS_CHECK(f->settings.local_window >= 1, "--window must be >= 1");
   FOCUS_CHECK(f->settings.topk >= 1 && (f->settings.asymmetric || f->settings.topk <= 2) &&
                   f->settings.topk <= f->settings.groups,
@@ -142,6 +150,12 @@ std::string mean_budget(const std::vector<std::vector<int64_t>>& k) {
 }
 }  // namespace
 
+void Loaded::check_decodes(const char* what) const {
+  FOCUS_CHECK(!focus || focus->settings.mode != FocusMode::Hard || !focus->settings.group_bias, what,
+              ": routers with group weights score whole windows from position 0 (focus eval); decoding from a KV "
+              "cache needs per-group weights in the grouped kernels, which are not built");
+}
+
 std::string describe_focus(const FocusRouters* f) {
   if (!f) return "off";
   const FocusSettings& s = f->settings;
@@ -149,6 +163,7 @@ std::string describe_focus(const FocusRouters* f) {
          ", groups " + std::to_string(s.groups) + ", d_g " + std::to_string(s.dg) +
          (s.mode == FocusMode::Hard ? ", top-" + std::to_string(s.topk) : "") +
          (s.mode == FocusMode::Hard && s.topp > 0 ? ", top-p " + std::to_string(s.topp) : "") +
+         (s.mode == FocusMode::Hard && s.group_bias ? ", group weights" : "") +
          (s.mode == FocusMode::Hard && s.blocks > 0
               ? (f->block_budget.empty() ? ", blocks 1+" + std::to_string(s.blocks)
                                          : ", blocks 1+" + mean_budget(f->block_budget) + " per head on average") +

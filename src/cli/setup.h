@@ -29,7 +29,7 @@ struct FocusFlags {
   int topk = 0;
   float tau = 0.1f;
   float key_capacity = -1.f, window_only_below = -1.f, dense_above = -1.f, topp = -1.f;
-  bool topk_by_mass = false;
+  bool topk_by_mass = false, group_bias = false;
   int64_t blocks = -1, block_size = -1;
   std::string block_budget;  // --block-budget FILE
   uint64_t seed = 1;
@@ -58,6 +58,9 @@ struct Loaded {
   const AttentionPlan* attention() const { return focus || !attention_spec.empty() ? &plan : nullptr; }
   // What runs: the routers (describe_focus), the --attention spec, or "off".
   std::string describe() const;
+  // Throws focus::Error naming `what` when the routers cannot decode from a KV cache (hard mode
+  // with group weights scores whole windows only).
+  void check_decodes(const char* what) const;
 };
 
 // What the model-running subcommands share. add_* register the flags; load() checks them (before

@@ -235,6 +235,19 @@ void assign_keys(const FocusSettings& fs, const float* s, const float* bias, int
   }
 }
 
+// The memberships of one router's keys and queries in the soft kernel's form, [T, G] each: key j
+// in its group kg[j], query i in its k groups top[i]; each of weight 1 (the hard pattern), or with
+// group weights (pk, pq: the routers' softmax [T, G], else null) the router's probability of it.
+void set_memberships(int64_t T, int64_t G, const int32_t* kg, const int32_t* top, int k, const float* pk,
+                     const float* pq, float* mk, float* mq) {
+  for (int64_t j = 0; j < T; ++j) mk[j * G + kg[j]] = pk ? pk[j * G + kg[j]] : 1.f;
+  for (int64_t i = 0; i < T; ++i)
+    for (int c = 0; c < k; ++c) {
+      const int32_t g = top[i * k + c];
+      mq[i * G + g] = pq ? pq[i * G + g] : 1.f;
+    }
+}
+
 // What the sparse training forward keeps: per router the key and query caches and the 0/1
 // memberships the kernel read, and their gradients.
 struct SparseTape final : AttentionState {
@@ -276,11 +289,10 @@ class AsymmetricFocusAttention final : public AttentionPolicy {
       router_forward(rp_[r], a.xn, T, t->kc[r], RouterSide::Key, true);
       std::fill(load.begin(), load.end(), 0);
       assign_keys(fs_, t->kc[r].s.data(), rp_[r].bias.data(), 0, T, load.data(), kg.data());
-      for (int64_t j = 0; j < T; ++j) t->mk[(r * T + j) * G + kg[j]] = 1.f;
       router_forward(rp_[r], a.xn, T, t->qc[r], RouterSide::Query, true);
       router_topk(t->qc[r].s.data(), rp_[r].bias.data(), T, G, fs_.topk, top.data());
-      for (int64_t i = 0; i < T; ++i)
-        for (int c = 0; c < fs_.topk; ++c) t->mq[(r * T + i) * G + top[i * fs_.topk + c]] = 1.f;
+      set_memberships(T, G, kg.data(), top.data(), fs_.topk, fs_.group_bias ? t->kc[r].p.data() : nullptr,
+                      fs_.group_bias ? t->qc[r].p.data() : nullptr, t->mk.data() + r * T * G, t->mq.data() + r * T * G);
     }
     tape.lse.resize(a.cfg->heads * T);
     const cpu::SoftKeys keys{t->mk.data(), nullptr, RH};
@@ -301,7 +313,7 @@ class AsymmetricFocusAttention final : public AttentionPolicy {
   void train_backward_input(const AttentionCall& a, AttentionTape& tape, float* dxn) const override {
     auto& t = static_cast<SparseTape&>(*tape.data);
     const int64_t G = fs_.groups, T = a.T;
-    std::vector<float> scratch, ds_key;
+    std::vector<float> scratch, ds_key, dp_query, dp_key;
     for (int64_t r = 0; r < rh_; ++r) {
       float* gr = nullptr;
       if (grads_) {
@@ -311,6 +323,21 @@ class AsymmetricFocusAttention final : public AttentionPolicy {
         gr = scratch.data();
       }
       const float* dmq = t.dmq.data() + r * T * G;
+      if (fs_.group_bias) {
+        // A read membership is the router's probability of the group: its gradient goes through
+        // the softmax; which groups are read (the selection) passes no gradient.
+        dp_query.resize(T * G);
+        dp_key.resize(T * G);
+        for (int64_t x = 0; x < T * G; ++x) {
+          dp_query[x] = t.mq[r * T * G + x] > 0.f ? dmq[x] : 0.f;
+          dp_key[x] = t.mk[r * T * G + x] > 0.f ? t.dmk[r * T * G + x] : 0.f;
+        }
+        ds_key.assign(T * G, 0.f);
+        if (hook_) hook_(first_ + r, t.kc[r], ds_key.data());  // balance on the keys' scores
+        router_backward(rp_[r], a.xn, t.qc[r], dp_query.data(), nullptr, gr, dxn, RouterSide::Query);
+        router_backward(rp_[r], a.xn, t.kc[r], dp_key.data(), ds_key.data(), gr, dxn, RouterSide::Key);
+        continue;
+      }
       ds_key.assign(t.dmk.begin() + r * T * G, t.dmk.begin() + (r + 1) * T * G);
       if (hook_) hook_(first_ + r, t.kc[r], ds_key.data());  // balance on the keys' scores
       router_backward(rp_[r], a.xn, t.qc[r], nullptr, dmq, gr, dxn, RouterSide::Query);
@@ -347,10 +374,17 @@ class AsymmetricFocusAttention final : public AttentionPolicy {
     // Keys: the best group with room, room = key_capacity times the mean load of the keys so far
     // (a key's group depends on the keys before it only: causal).
     std::vector<int32_t> kg(RH * T);  // [RH, T]
-    std::vector<float> in;
+    std::vector<float> in, pk, pq;    // with group weights: the routers' softmax [RH, T, G]
+    if (fs_.group_bias) {
+      FOCUS_CHECK(a.pos0 == 0, "Focus with group weights runs whole windows from position 0 (layer ", a.layer,
+                  "): the grouped kernels that decode from a cache have no per-group weights");
+      pk.resize(RH * T * G);
+      pq.resize(RH * T * G);
+    }
     for (int64_t r = 0; r < RH; ++r) {
       RouterCache kc;
-      router_forward(rp_[r], router_input(a, fs_, r, RH, RouterSide::Key, in), T, kc, RouterSide::Key, false);
+      router_forward(rp_[r], router_input(a, fs_, r, RH, RouterSide::Key, in), T, kc, RouterSide::Key, fs_.group_bias);
+      if (fs_.group_bias) std::copy(kc.p.begin(), kc.p.end(), pk.begin() + r * T * G);
       assign_keys(fs_, kc.s.data(), rp_[r].bias.data(), a.pos0, T, ks->load.data() + r * G, kg.data() + r * T);
       ks->key_group[r].insert(ks->key_group[r].end(), kg.begin() + r * T, kg.begin() + (r + 1) * T);
     }
@@ -366,7 +400,9 @@ class AsymmetricFocusAttention final : public AttentionPolicy {
     for (int64_t r = 0; r < RH; ++r) {
       RouterCache qc;
       std::vector<float> in;
-      router_forward(rp_[r], router_input(a, fs_, r, RH, RouterSide::Query, in), T, qc, RouterSide::Query, false);
+      router_forward(rp_[r], router_input(a, fs_, r, RH, RouterSide::Query, in), T, qc, RouterSide::Query,
+                     fs_.group_bias);
+      if (fs_.group_bias) std::copy(qc.p.begin(), qc.p.end(), pq.begin() + r * T * G);
       if (fs_.topp > 0.f)
         router_topp(qc.s.data(), rp_[r].bias.data(), T, G, fs_.topp, k, top.data());
       else
@@ -399,11 +435,23 @@ class AsymmetricFocusAttention final : public AttentionPolicy {
       routing.block_size = fs_.block_size;
       routing.query_blocks = qb.data();
     }
-    if (a.pos0 > 0)
+    if (fs_.group_bias) {
+      // The pattern's pairs with their weights, through the soft kernel (dense work) as training
+      // computes them; the pair count below is the pattern's.
+      std::vector<float> mk(RH * T * G, 0.f), mq(RH * T * G, 0.f);
+      for (int64_t r = 0; r < RH; ++r) {
+        for (int64_t t = 0; t < T; ++t) std::copy_n(qg.data() + (t * c.heads + r * heads_per) * k, k, top.data() + t * k);
+        set_memberships(T, G, kg.data() + r * T, top.data(), k, pk.data() + r * T * G, pq.data() + r * T * G,
+                        mk.data() + r * T * G, mq.data() + r * T * G);
+      }
+      const cpu::SoftKeys keys{mk.data(), nullptr, RH};
+      cpu::soft_attention_forward(a.q, a.k, a.v, mq.data(), a.out, nullptr, sparse_shape(a), keys);
+    } else if (a.pos0 > 0) {
       cpu::grouped_attention(a.q, cache_or_floats(a.cache_k, a.k), cache_or_floats(a.cache_v, a.v), a.out, nullptr, s,
                              routing, ks->index);
-    else
+    } else {
       cpu::grouped_attention(a.q, a.k, a.v, a.out, nullptr, s, routing, ks->index);
+    }
     if (!stats) return;
     if (stats->groups && a.pos0 == 0) {
       if ((int64_t)stats->groups->size() < c.layers) stats->groups->resize(c.layers);

@@ -89,6 +89,8 @@ void check_settings(const FocusSettings& s, const ModelConfig& c, const std::str
               ": blocks must be >= 0 and needs asymmetric routing (got ", s.blocks, ")");
   FOCUS_CHECK(s.block_size >= 1 && s.block_size <= (1 << 20), where, ": block_size must be in [1, 2^20] (got ",
               s.block_size, ")");
+  FOCUS_CHECK(!s.group_bias || (s.asymmetric && s.blocks == 0 && s.topp == 0.f && !s.route_on_qk), where,
+              ": group weights need asymmetric routers reading the hidden state, with top-k groups and no blocks");
 }
 }  // namespace
 
@@ -183,6 +185,7 @@ void save_focus(const FocusRouters& f, const std::string& dir, const ModelConfig
   if (s.route_on_qk) j["input"] = "qk";
   if (s.topk_by_mass) j["topk_by_mass"] = true;
   if (s.topp > 0) j["topp"] = s.topp;
+  if (s.group_bias) j["group_bias"] = true;
   if (s.blocks > 0) {
     j["blocks"] = s.blocks;
     j["block_size"] = s.block_size;
@@ -245,6 +248,7 @@ FocusConfigFile read_focus_config(const std::string& dir, const ModelConfig& c) 
     s.route_on_qk = input == "qk";
     s.topk_by_mass = j.value("topk_by_mass", false);
     s.topp = j.value("topp", 0.f);
+    s.group_bias = j.value("group_bias", false);
     s.dense_above = j.value("dense_above", 1.f);
     if (j.contains("blocks")) s.blocks = int_field(j, "blocks", jp);
     if (j.contains("block_size")) s.block_size = int_field(j, "block_size", jp);

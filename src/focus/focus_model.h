@@ -59,6 +59,13 @@ struct FocusSettings {
   // they hold this share of its softmax mass, at most topk of them (0: exactly topk). A query whose
   // router is sure reads one group, an unsure one several (focus.json "topp").
   float topp = 0.f;
+  // Asymmetric hard mode with group weights (focus.json "group_bias"): a far pair (i, j) that the
+  // pattern keeps, key j in group g read by query i, gets the additive logit bias
+  // log(p_i(g) * pk_j(g)), with p_i and pk_j the softmax of the query's and the key's router scores
+  // (plus the balancing bias): the soft mode's bias restricted to the pairs the hard pattern reads.
+  // The set of pairs read is the hard pattern's; it runs on whole windows from position 0 (the
+  // grouped kernels have no per-group weights). Trained by retrofit --objective sparse --group-bias.
+  bool group_bias = false;
   // Asymmetric hard mode, the hybrid pattern (focus.json "blocks", "block_size"): besides its
   // groups, each query head reads positional blocks of block_size keys beyond its window, as block
   // top-k does (baselines: focus/block_topk.h): the block of its last far key and the `blocks`

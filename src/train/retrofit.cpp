@@ -205,6 +205,7 @@ RetrofitResult run_retrofit(const Model& m, const RetrofitOptions& o) {
   FOCUS_CHECK(!sparse || o.balance != Balance::Bias, "retrofit: sparse training balances the keys by capacity "
               "(and optionally --balance swav on their scores), not with --balance bias");
   FOCUS_CHECK(!sparse || !o.focus.route_on_qk, "retrofit: sparse training reads the hidden state (no --route-on-qk)");
+  FOCUS_CHECK(!o.focus.group_bias || sparse, "retrofit: group weights (--group-bias) train with --objective sparse");
   FOCUS_CHECK(!sparse || !o.focus.per_head || m.cfg.heads == m.cfg.kv_heads, "retrofit: sparse training routes per "
               "layer or per kv head; routers per query head need as many kv heads as query heads (this model has ",
               m.cfg.heads, " and ", m.cfg.kv_heads, ")");

@@ -485,8 +485,8 @@ TEST(AsymmetricRouting, SparseTrainingSeesTheInferencePattern) {
 // carry log(p_query(g) * p_key(g)). Training computes the loss inference computes, per layer and
 // per kv head; the weights change it; the same set of pairs is read (the density of the unweighted
 // pattern); the routers' gradient, taken through the probabilities of the groups read, matches
-// central differences (all groups read and keys by their best group, so a small step changes no
-// choice); causality holds; and decoding from a cache is refused with a clear error.
+// central differences (all groups read, at a point where a small step moves no key to another
+// group); causality holds; and decoding from a cache is refused with a clear error.
 TEST(AsymmetricRouting, GroupWeightsTrainAsTheyInfer) {
   for (Arch arch : {Arch::Llama, Arch::GPT2})
     for (int variant = 0; variant < 2; ++variant) {
@@ -523,12 +523,12 @@ TEST(AsymmetricRouting, GroupWeightsTrainAsTheyInfer) {
       EXPECT_NE(e.find("group weights"), std::string::npos) << e;
 
       // Central differences on the last layer's routers (no later layer re-routes), every group
-      // read and no capacity limit, along the gradient of W_r (queries), of W_k (keys) and of the
-      // centroids (both). A key changing group between the two points is a jump, not a
-      // derivative: the first router seed where no key does is the one checked.
+      // read, along the gradient of W_r (queries), of W_k (keys: those the capacity keeps out of
+      // their best group have weights) and of the centroids (both). A key changing group between
+      // the two points is a jump, not a derivative: the first router seed where no key does is
+      // the one checked.
       FocusSettings all = s;
       all.topk = 4;
-      all.key_capacity = 100.f;
       all.group_bias = true;
       int checked = 0;
       for (uint64_t seed = 9; seed < 40 && checked == 0; ++seed) {

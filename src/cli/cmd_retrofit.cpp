@@ -117,8 +117,9 @@ Command add_retrofit(CLI::App& app) {
                   "--init routers trained by distillation")
       ->check(CLI::IsMember({"lm", "distill", "sparse"}));
   sub->add_flag("--group-bias", o.focus.group_bias,
-                "sparse: each far pair read carries log(p_query(g) * p_key(g)), the routers' probabilities of its "
-                "group (trained through them; saved in focus.json, evaluated on whole windows)");
+                "sparse: each far pair read carries log(p_query(g) / max p_query) + log(p_key(g) / max p_key), the "
+                "routers' probabilities of its group relative to their best (trained through them; saved in "
+                "focus.json, evaluated on whole windows)");
   sub->add_flag("--route-on-qk", o.focus.route_on_qk,
                 "distill: routers read the rotated query and key vectors (width head_dim) instead of the hidden state");
   sub->add_flag("--per-kv-head", o.focus.per_kv_head, "distill, sparse: one router per kv head (its query heads follow it)");

@@ -25,8 +25,8 @@ void FocusFlags::add(CLI::App* app) {
                   "asymmetric routers: a query reads its best groups until they hold this share of its router's "
                   "softmax, at most --topk of them (default then: all groups); 0: exactly --topk");
   app->add_flag("--group-bias", group_bias,
-                "asymmetric routers: weight each far pair a query reads by log(p_query(g) * p_key(g)), the routers' "
-                "probabilities of the group (routers trained with retrofit --objective sparse --group-bias carry it)");
+                "asymmetric routers: weight each far pair a query reads by the routers' probabilities of its group "
+                "relative to their best (routers trained with retrofit --objective sparse --group-bias carry it)");
   app->add_option("--blocks", blocks,
                   "asymmetric routers, the hybrid pattern: each query head also reads the block of its last far "
                   "key and this many more positional blocks, those with the largest bound of q.k (0: groups only; "

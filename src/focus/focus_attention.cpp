@@ -235,17 +235,36 @@ void assign_keys(const FocusSettings& fs, const float* s, const float* bias, int
   }
 }
 
+// The largest of p[0 .. G-1] (the first of equals): the group a relative weight divides by.
+int64_t best_group(const float* p, int64_t G) { return std::max_element(p, p + G) - p; }
+
 // The memberships of one router's keys and queries in the soft kernel's form, [T, G] each: key j
 // in its group kg[j], query i in its k groups top[i]; each of weight 1 (the hard pattern), or with
-// group weights (pk, pq: the routers' softmax [T, G], else null) the router's probability of it.
+// group weights (pk, pq: the routers' softmax [T, G], else null) the router's probability of the
+// group relative to its most probable one (a query's best group is always among those it reads).
 void set_memberships(int64_t T, int64_t G, const int32_t* kg, const int32_t* top, int k, const float* pk,
                      const float* pq, float* mk, float* mq) {
-  for (int64_t j = 0; j < T; ++j) mk[j * G + kg[j]] = pk ? pk[j * G + kg[j]] : 1.f;
+  for (int64_t j = 0; j < T; ++j)
+    mk[j * G + kg[j]] = pk ? pk[j * G + kg[j]] / pk[j * G + best_group(pk + j * G, G)] : 1.f;
   for (int64_t i = 0; i < T; ++i)
     for (int c = 0; c < k; ++c) {
       const int32_t g = top[i * k + c];
-      mq[i * G + g] = pq ? pq[i * G + g] : 1.f;
+      mq[i * G + g] = pq ? pq[i * G + g] / pq[i * G + best_group(pq + i * G, G)] : 1.f;
     }
+}
+
+// dL/dp of the relative weights m_g = p_g / p_a (a the best group) of the groups a row holds
+// (m_g > 0), given dL/dm: m_a = 1 is constant; each other m_g moves with p_g and against p_a.
+void relative_weight_grad(const float* p, const float* m, const float* dm, int64_t G, float* dp) {
+  const int64_t a = best_group(p, G);
+  double to_a = 0;
+  for (int64_t g = 0; g < G; ++g) {
+    dp[g] = 0.f;
+    if (g == a || m[g] <= 0.f) continue;
+    dp[g] = dm[g] / p[a];
+    to_a -= (double)dm[g] * m[g] / p[a];
+  }
+  dp[a] = (float)to_a;
 }
 
 // What the sparse training forward keeps: per router the key and query caches and the 0/1
@@ -324,13 +343,14 @@ class AsymmetricFocusAttention final : public AttentionPolicy {
       }
       const float* dmq = t.dmq.data() + r * T * G;
       if (fs_.group_bias) {
-        // A read membership is the router's probability of the group: its gradient goes through
-        // the softmax; which groups are read (the selection) passes no gradient.
+        // A read membership is the router's relative probability of the group: its gradient goes
+        // through the softmax; which groups are read (the selection) passes no gradient.
         dp_query.resize(T * G);
         dp_key.resize(T * G);
-        for (int64_t x = 0; x < T * G; ++x) {
-          dp_query[x] = t.mq[r * T * G + x] > 0.f ? dmq[x] : 0.f;
-          dp_key[x] = t.mk[r * T * G + x] > 0.f ? t.dmk[r * T * G + x] : 0.f;
+        for (int64_t i = 0; i < T; ++i) {
+          const int64_t x = (r * T + i) * G;
+          relative_weight_grad(t.qc[r].p.data() + i * G, t.mq.data() + x, dmq + i * G, G, dp_query.data() + i * G);
+          relative_weight_grad(t.kc[r].p.data() + i * G, t.mk.data() + x, t.dmk.data() + x, G, dp_key.data() + i * G);
         }
         ds_key.assign(T * G, 0.f);
         if (hook_) hook_(first_ + r, t.kc[r], ds_key.data());  // balance on the keys' scores

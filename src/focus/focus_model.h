@@ -61,8 +61,9 @@ struct FocusSettings {
   float topp = 0.f;
   // Asymmetric hard mode with group weights (focus.json "group_bias"): a far pair (i, j) that the
   // pattern keeps, key j in group g read by query i, gets the additive logit bias
-  // log(p_i(g) * pk_j(g)), with p_i and pk_j the softmax of the query's and the key's router scores
-  // (plus the balancing bias): the soft mode's bias restricted to the pairs the hard pattern reads.
+  // log(p_i(g) / max p_i) + log(pk_j(g) / max pk_j), with p_i and pk_j the softmax of the query's and
+  // the key's router scores (plus the balancing bias): the soft mode's kind of bias restricted to
+  // the pairs the hard pattern reads, zero for a query's best group and a key in its best group.
   // The set of pairs read is the hard pattern's; it runs on whole windows from position 0 (the
   // grouped kernels have no per-group weights). Trained by retrofit --objective sparse --group-bias.
   bool group_bias = false;

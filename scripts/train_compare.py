@@ -130,7 +130,7 @@ def main():
         cpu = platform.processor()
     date = datetime.date.today().isoformat()
     lines = ["# Dense vs Focus trained from scratch", "",
-             f"{date}, {cpu}, {threads} threads. Command: `python3 scripts/train_compare.py --archs {a.archs} "
+             f"{date}, {cpu}, {threads} thread{'' if threads == 1 else 's'} per run. Command: `python3 scripts/train_compare.py --archs {a.archs} "
              f"--seeds {a.seeds} --ctx {a.ctx} --steps {a.steps} --batch {a.batch} --lr {a.lr} "
              + f"--warmup {a.warmup or max(1, a.steps // 20)} " + (f"--extra '{a.extra}' " if a.extra else "") +
              (f"--threads {a.threads} " if a.threads else "") +

@@ -345,6 +345,26 @@ TEST(BadInputs, RetrofitResidualBudgetThatDoesNotFit) {
                      "--residual-budget", "needs --objective distill");
 }
 
+// Block budgets for the hybrid are calibrated on what the routers' groups leave unread; routers
+// with group weights read their pairs weighted, which the calibration does not model: refused,
+// naming the folder, and no budget file is written.
+TEST(BadInputs, BudgetRefusesRoutersWithGroupWeights) {
+  FOCUS_NEED_FILE(stories());
+  FOCUS_NEED_FILE(book("pg-345-dracula.txt"));
+  FOCUS_NEED_FILE(book("pg-1342-pride-and-prejudice.txt"));
+  if (!fs::exists(focus_bin())) GTEST_SKIP() << "focus binary not built: " << focus_bin();
+  const std::string routers = dir() + "/group_weight_routers", out = dir() + "/group_weight_budget.json";
+  const focus::test::BinRun made = run("retrofit --model " + stories() + " --tokenizer " + tok512() + " --train " +
+                       book("pg-345-dracula.txt") + " --valid " + book("pg-1342-pride-and-prejudice.txt") +
+                       " --ctx 64 --steps 1 --valid-windows 2 --objective sparse --group-bias --window 16 --out " + routers);
+  ASSERT_EQ(made.code, 0) << made.err;
+  expect_clean_error("budget --model " + stories() + " --tokenizer " + tok512() + " --text " +
+                         book("pg-345-dracula.txt") + " --focus " + routers +
+                         " --mean-k 2 --block-size 4 --window 16 --ctx 64 --out " + out,
+                     routers, "group weights");
+  EXPECT_FALSE(fs::exists(out));
+}
+
 // Memory limits are checked before anything large is allocated: FOCUS_MEMORY_LIMIT stands in for a
 // small machine, and each job is refused with its estimate and the part that does not fit.
 namespace {

@@ -416,20 +416,21 @@ class AsymmetricFocusAttention final : public AttentionPolicy {
     // router serves.
     const int k = fs_.topk;
     const int64_t heads_per = c.heads / RH;
-    std::vector<int32_t> top(T * k), qg(T * c.heads * k);
+    std::vector<int32_t> top(RH * T * k), qg(T * c.heads * k);  // top: [RH, T, k]
     for (int64_t r = 0; r < RH; ++r) {
       RouterCache qc;
       std::vector<float> in;
       router_forward(rp_[r], router_input(a, fs_, r, RH, RouterSide::Query, in), T, qc, RouterSide::Query,
                      fs_.group_bias);
       if (fs_.group_bias) std::copy(qc.p.begin(), qc.p.end(), pq.begin() + r * T * G);
+      int32_t* rtop = top.data() + r * T * k;
       if (fs_.topp > 0.f)
-        router_topp(qc.s.data(), rp_[r].bias.data(), T, G, fs_.topp, k, top.data());
+        router_topp(qc.s.data(), rp_[r].bias.data(), T, G, fs_.topp, k, rtop);
       else
-        router_topk(qc.s.data(), rp_[r].bias.data(), T, G, k, top.data());
+        router_topk(qc.s.data(), rp_[r].bias.data(), T, G, k, rtop);
       for (int64_t t = 0; t < T; ++t)
         for (int64_t h = r * heads_per; h < (r + 1) * heads_per; ++h)
-          std::copy_n(top.data() + t * k, k, qg.data() + (t * c.heads + h) * k);
+          std::copy_n(rtop + t * k, k, qg.data() + (t * c.heads + h) * k);
     }
     if (fs_.block_calibration) {
       FOCUS_CHECK(a.k && fs_.topp == 0.f, "block budget calibration: needs float keys and top-k groups");
@@ -459,11 +460,9 @@ class AsymmetricFocusAttention final : public AttentionPolicy {
       // The pattern's pairs with their weights, through the soft kernel (dense work) as training
       // computes them; the pair count below is the pattern's.
       std::vector<float> mk(RH * T * G, 0.f), mq(RH * T * G, 0.f);
-      for (int64_t r = 0; r < RH; ++r) {
-        for (int64_t t = 0; t < T; ++t) std::copy_n(qg.data() + (t * c.heads + r * heads_per) * k, k, top.data() + t * k);
-        set_memberships(T, G, kg.data() + r * T, top.data(), k, pk.data() + r * T * G, pq.data() + r * T * G,
-                        mk.data() + r * T * G, mq.data() + r * T * G);
-      }
+      for (int64_t r = 0; r < RH; ++r)
+        set_memberships(T, G, kg.data() + r * T, top.data() + r * T * k, k, pk.data() + r * T * G,
+                        pq.data() + r * T * G, mk.data() + r * T * G, mq.data() + r * T * G);
       const cpu::SoftKeys keys{mk.data(), nullptr, RH};
       cpu::soft_attention_forward(a.q, a.k, a.v, mq.data(), a.out, nullptr, sparse_shape(a), keys);
     } else if (a.pos0 > 0) {

@@ -73,6 +73,56 @@ void check_block(const Model& m, FocusRouters f, const test::Win& w, const Disti
   });
 }
 
+// Central differences of the hard-pattern training loss (scaled by `scale`) along its gradient,
+// restricted to each parameter range [lo, hi) of router `r0` of fa, at two step sizes. Returns
+// false, checking nothing, when the loss jumps between the points (a key changes group, or the
+// slopes at the two step sizes differ: a query changed the groups it reads); otherwise expects
+// each slope to match the gradient's squared norm.
+bool fd_matches_gradient(const Model& m, const FocusRouters& fa, const test::Win& w, float scale, size_t r0,
+                         const std::vector<std::pair<int64_t, int64_t>>& ranges, const std::string& what) {
+  const TrainWindow tw{w.ids.data(), (int64_t)w.ids.size(), w.targets.data()};
+  std::vector<std::vector<float>> ga;
+  for (auto& r : fa.routers) ga.emplace_back(r.params.size(), 0.f);
+  focus_router_loss_and_grad(m, fa, tw, scale, &ga);
+  std::vector<std::pair<double, double>> fd_vs_grad;
+  for (auto [lo, hi] : ranges) {
+    std::vector<std::vector<float>> dir = ga;
+    double g2 = 0;
+    for (size_t r = 0; r < dir.size(); ++r)
+      for (int64_t i = 0; i < (int64_t)dir[r].size(); ++i) {
+        if (r != r0 || i < lo || i >= hi) dir[r][i] = 0.f;
+        g2 += (double)dir[r][i] * dir[r][i];
+      }
+    EXPECT_GT(g2, 1e-10) << what << ": params " << lo << " .. " << hi << " have no gradient";
+    if (g2 <= 1e-10) return true;
+    double slope[2];
+    for (int half = 0; half < 2; ++half) {
+      const double h = (half ? 0.5e-3 : 1e-3) / std::sqrt(g2);
+      std::vector<std::vector<int32_t>> groups_at[2];
+      double loss_at[2];
+      for (int side = 0; side < 2; ++side) {
+        FocusRouters p = fa;
+        for (size_t r = 0; r < dir.size(); ++r)
+          for (size_t i = 0; i < dir[r].size(); ++i) p.routers[r].params[i] += (float)((side ? h : -h) * dir[r][i]);
+        loss_at[side] = focus_router_loss(m, p, tw) * scale;
+        const AttentionPlan plan = focus_plan(m.cfg, p);
+        AttentionStats gs;
+        gs.groups = &groups_at[side];
+        hidden_of(m, w.ids, &plan, &gs);
+      }
+      if (groups_at[0] != groups_at[1]) return false;
+      slope[half] = (loss_at[1] - loss_at[0]) / (2 * h);
+    }
+    if (std::fabs(slope[0] - slope[1]) > 2e-3 * g2 + 1e-7) return false;
+    fd_vs_grad.push_back({slope[1], g2});
+  }
+  for (size_t c = 0; c < fd_vs_grad.size(); ++c) {
+    const auto [fd, g2] = fd_vs_grad[c];
+    EXPECT_NEAR(fd, g2, 1e-2 * g2 + 1e-6) << what << ", parameters " << ranges[c].first << " .. " << ranges[c].second;
+  }
+  return true;
+}
+
 }  // namespace
 
 // W_r learns the cross-entropy to the attention mass (M does not depend on W_r); W_k learns the
@@ -525,67 +575,117 @@ TEST(AsymmetricRouting, GroupWeightsTrainAsTheyInfer) {
       // Central differences on the last layer's routers (no later layer re-routes), along the
       // gradient of W_r (queries), of W_k (keys: those the capacity keeps out of their best group
       // have weights) and of the centroids (both); every group read (top-4 of 4), then half of them
-      // (top-2: the groups a query does not read pass no gradient to its probabilities). A key
-      // changing group or a query changing the groups it reads between the two points is a jump,
-      // not a derivative: the first router seed where the slope is the same at two step sizes and
-      // no key moves is the one checked.
+      // (top-2: the groups a query does not read pass no gradient to its probabilities). The first
+      // router seed without a jump between the points is the one checked.
       for (int topk : {4, 2}) {
-        SCOPED_TRACE(::testing::Message() << "top-" << topk << " of 4");
         FocusSettings all = s;
         all.topk = topk;
         all.group_bias = true;
         int checked = 0;
         for (uint64_t seed = 9; seed < 60 && checked == 0; ++seed) {
           const FocusRouters fa = focus_init(m->cfg, all, seed);
-          const float scale = 1.f / (float)lg.scored;
-          std::vector<std::vector<float>> ga;
-          for (auto& r : fa.routers) ga.emplace_back(r.params.size(), 0.f);
-          focus_router_loss_and_grad(*m, fa, tw, scale, &ga);
           const size_t last = fa.routers.size() - (variant ? m->cfg.kv_heads : 1);
           const RouterParams& r0 = fa.routers[last];
           const int64_t proj = r0.cfg.d_g * r0.cfg.dim;
-          std::vector<std::pair<double, double>> fd_vs_grad;
-          bool jumped = false;
-          for (auto [lo, hi] : {std::pair<int64_t, int64_t>{r0.w_r_offset(), r0.w_r_offset() + proj},
-                                {r0.w_k_offset(), r0.w_k_offset() + proj},
-                                {r0.centroids_offset(), r0.centroids_offset() + r0.cfg.groups * r0.cfg.d_g}}) {
-            std::vector<std::vector<float>> dir = ga;
-            double g2 = 0;
-            for (size_t r = 0; r < dir.size(); ++r)
-              for (int64_t i = 0; i < (int64_t)dir[r].size(); ++i) {
-                if (r < last || i < lo || i >= hi) dir[r][i] = 0.f;
-                g2 += (double)dir[r][i] * dir[r][i];
-              }
-            ASSERT_GT(g2, 1e-10) << "params " << lo << " .. " << hi;
-            double slope[2];
-            for (int half = 0; half < 2; ++half) {
-              const double h = (half ? 0.5e-3 : 1e-3) / std::sqrt(g2);
-              std::vector<std::vector<int32_t>> groups_at[2];
-              double loss_at[2];
-              for (int side = 0; side < 2; ++side) {
-                FocusRouters p = fa;
-                for (size_t r = 0; r < dir.size(); ++r)
-                  for (size_t i = 0; i < dir[r].size(); ++i) p.routers[r].params[i] += (float)((side ? h : -h) * dir[r][i]);
-                loss_at[side] = focus_router_loss(*m, p, tw) * scale;
-                const AttentionPlan plan = focus_plan(m->cfg, p);
-                AttentionStats gs;
-                gs.groups = &groups_at[side];
-                hidden_of(*m, w.ids, &plan, &gs);
-              }
-              jumped = jumped || groups_at[0] != groups_at[1];
-              slope[half] = (loss_at[1] - loss_at[0]) / (2 * h);
-            }
-            jumped = jumped || std::fabs(slope[0] - slope[1]) > 2e-3 * g2 + 1e-7;
-            fd_vs_grad.push_back({slope[1], g2});
-          }
-          if (jumped) continue;
-          ++checked;
-          for (auto [fd, g2] : fd_vs_grad) {
-            EXPECT_NEAR(fd, g2, 1e-2 * g2 + 1e-6) << "router seed " << seed;
-          }
+          checked += fd_matches_gradient(*m, fa, w, 1.f / (float)lg.scored, last,
+                                         {{r0.w_r_offset(), r0.w_r_offset() + proj},
+                                          {r0.w_k_offset(), r0.w_k_offset() + proj},
+                                          {r0.centroids_offset(), r0.centroids_offset() + r0.cfg.groups * r0.cfg.d_g}},
+                                         "top-" + std::to_string(topk) + " of 4, router seed " + std::to_string(seed));
         }
-        EXPECT_EQ(checked, 1) << "no router seed without a jump";
+        EXPECT_EQ(checked, 1) << "top-" << topk << ": no router seed without a jump";
       }
+    }
+}
+
+// Far-pair terms (retrofit --objective sparse --far-bias): a far pair read carries e_q(i) + e_k(j),
+// each linear in the router's input. At zero (as trained runs start) they change nothing; with
+// values they change the loss but not the pairs read. Training scores what inference scores, per
+// layer, per kv head and together with group weights; causality holds; decoding from a cache is
+// refused; the gradient of the terms (and with group weights, of W_r, W_k and the centroids)
+// matches central differences; the folder keeps them.
+TEST(AsymmetricRouting, FarTermsTrainAsTheyInfer) {
+  for (Arch arch : {Arch::Llama, Arch::GPT2})
+    for (int variant = 0; variant < 3; ++variant) {
+      SCOPED_TRACE(::testing::Message() << (arch == Arch::Llama ? "llama" : "gpt2")
+                                        << (variant == 1 ? " per kv head" : variant == 2 ? " with group weights" : " per layer"));
+      auto m = random_model(arch, 18);
+      FocusSettings s = asym_settings(4, 2, 3);
+      s.per_kv_head = variant == 1;
+      s.group_bias = variant == 2;
+      s.key_capacity = 1.25f;
+      const FocusRouters plain = focus_init(m->cfg, s, 9);
+      s.far_bias = true;
+      FocusRouters f = focus_init(m->cfg, s, 9);
+      const test::Win w = window_of(50, m->cfg.vocab, 11);
+      const TrainWindow tw{w.ids.data(), (int64_t)w.ids.size(), w.targets.data()};
+      int64_t scored = 0;
+      std::vector<std::vector<int32_t>> groups_plain, groups_weighted;
+      AttentionStats st_plain, st_zero, st;
+      st_plain.groups = &groups_plain;
+      st.groups = &groups_weighted;
+      const AttentionPlan p_plain = focus_plan(m->cfg, plain);
+      const double nll_plain = window_nll(*m, w.ids, w.targets, &p_plain, &st_plain, &scored);
+      const AttentionPlan p_zero = focus_plan(m->cfg, f);
+      const double nll_zero = window_nll(*m, w.ids, w.targets, &p_zero, &st_zero, &scored);
+      EXPECT_NEAR(nll_zero, nll_plain, 1e-5 * std::fabs(nll_plain)) << "zero terms must change nothing";
+      EXPECT_EQ(st_zero.density(), st_plain.density());
+
+      for (size_t r = 0; r < f.routers.size(); ++r)
+        for (RouterSide side : {RouterSide::Query, RouterSide::Key}) {
+          const auto v = test::random_normal(m->cfg.dim + 1, 40 + 2 * r + (side == RouterSide::Key), 2.f);
+          std::copy(v.begin(), v.end(), f.routers[r].params.begin() + f.routers[r].far_offset(side));
+        }
+      const AttentionPlan weighted = focus_plan(m->cfg, f);
+      const double nll = window_nll(*m, w.ids, w.targets, &weighted, &st, &scored);
+      EXPECT_GT(std::fabs(nll - nll_plain), 1e-3) << "the terms should change the loss";
+      // The first layer's routing reads the same input: its groups do not move (later layers read
+      // the changed hidden state).
+      ASSERT_FALSE(groups_plain.empty() || groups_plain[0].empty());
+      EXPECT_EQ(groups_weighted[0], groups_plain[0]) << "the terms must not change the pairs read";
+      std::vector<std::vector<float>> g;
+      for (auto& r : f.routers) g.emplace_back(r.params.size(), 0.f);
+      const LossGrad lg = focus_router_loss_and_grad(*m, f, tw, 1.0f, &g);
+      EXPECT_EQ(lg.scored, scored);
+      EXPECT_NEAR(lg.loss_sum, nll, 2e-4 * std::fabs(nll));
+      const std::vector<int32_t> prefix(w.ids.begin(), w.ids.begin() + 30);
+      EXPECT_LT(max_abs_diff(hidden_of(*m, prefix, &weighted), hidden_of(*m, w.ids, &weighted), 0, 30 * m->cfg.dim),
+                1e-5);
+      const std::string e = focus::test::error_of([&] { test::hidden_decoded(*m, w.ids, &weighted, 30, 20); });
+      EXPECT_NE(e.find("far-pair terms"), std::string::npos) << e;
+
+      // Central differences on the last layer's routers, top-2 of 4: the query terms, the key
+      // terms and, with group weights, W_r, W_k and the centroids (without them the routers'
+      // gradient is the straight-through estimate, which no difference of the loss measures).
+      int checked = 0;
+      for (uint64_t seed = 9; seed < 60 && checked == 0; ++seed) {
+        FocusRouters fa = focus_init(m->cfg, s, seed);
+        for (size_t r = 0; r < fa.routers.size(); ++r)
+          for (RouterSide side : {RouterSide::Query, RouterSide::Key}) {
+            const auto v = test::random_normal(m->cfg.dim + 1, seed * 100 + 2 * r + (side == RouterSide::Key), 1.f);
+            std::copy(v.begin(), v.end(), fa.routers[r].params.begin() + fa.routers[r].far_offset(side));
+          }
+        const size_t last = fa.routers.size() - (variant == 1 ? m->cfg.kv_heads : 1);
+        const RouterParams& r0 = fa.routers[last];
+        const int64_t proj = r0.cfg.d_g * r0.cfg.dim, fq = r0.far_offset(RouterSide::Query),
+                      fk = r0.far_offset(RouterSide::Key);
+        std::vector<std::pair<int64_t, int64_t>> ranges = {{fq, fq + r0.cfg.dim + 1}, {fk, fk + r0.cfg.dim + 1}};
+        if (s.group_bias)
+          ranges.insert(ranges.end(), {{r0.w_r_offset(), r0.w_r_offset() + proj},
+                                       {r0.w_k_offset(), r0.w_k_offset() + proj},
+                                       {r0.centroids_offset(), r0.centroids_offset() + r0.cfg.groups * r0.cfg.d_g}});
+        checked += fd_matches_gradient(*m, fa, w, 1.f / (float)lg.scored, last, ranges,
+                                       "router seed " + std::to_string(seed));
+      }
+      EXPECT_EQ(checked, 1) << "no router seed without a jump";
+
+      // The folder keeps the terms.
+      const std::string dir = (std::filesystem::temp_directory_path() / "focus_test_far_terms").string();
+      save_focus(f, dir, m->cfg, "random");
+      const FocusRouters back = load_focus(dir, m->cfg);
+      EXPECT_TRUE(back.settings.far_bias);
+      ASSERT_EQ(back.routers.size(), f.routers.size());
+      for (size_t r = 0; r < f.routers.size(); ++r) EXPECT_EQ(back.routers[r].params, f.routers[r].params);
     }
 }
 

@@ -256,6 +256,52 @@ TEST(Retrofit, SparseTrainingLowersTheHardLossAndResumesToTheSameBits) {
   EXPECT_THROW(run_retrofit(*m, oc), Error);
 }
 
+// Far-pair terms (--far-bias) from --init routers that have none start at zero: the first
+// validation scores the routers' unweighted pattern, as a run without the terms does. Training
+// moves the terms and lowers the hard loss; the folder keeps them; routers that carry them are
+// refused as --init of a run without them.
+TEST(Retrofit, FarTermsStartAtZeroFromInitRouters) {
+  FOCUS_NEED_FILE(stories());
+  FOCUS_NEED_FILE(book("pg-345-dracula.txt"));
+  auto m = load_model(stories(), LoadOptions{tok512()});
+  const std::string d = ::testing::TempDir() + "/focus_far_init", a = ::testing::TempDir() + "/focus_far_plain",
+                    b = ::testing::TempDir() + "/focus_far_terms";
+  run_retrofit(*m, distill_run(d, 4));
+  auto opts = [&](const std::string& out, bool far) {
+    RetrofitOptions o = small_run(out);
+    o.objective = "sparse";
+    o.init = d;
+    o.focus.per_kv_head = true;
+    o.focus.topk = 2;
+    o.focus.far_bias = far;
+    o.adam.lr = 5e-3f;
+    o.steps = 6;
+    return o;
+  };
+  const RetrofitResult plain = run_retrofit(*m, opts(a, false));
+  const RetrofitResult far = run_retrofit(*m, opts(b, true));
+  // Not bit for bit: the weighted pattern runs through the soft kernel, where a pair not read keeps
+  // a weight of eps (1e-6), and the tiny difference moves a few near-tied keys of later layers.
+  EXPECT_NEAR(far.before.ppl_hard, plain.before.ppl_hard, 3e-3 * plain.before.ppl_hard);
+  EXPECT_NEAR(far.before.density_hard, plain.before.density_hard, 1e-3);
+  EXPECT_LT(far.after.ppl_hard, far.before.ppl_hard);
+  const FocusRouters f = load_focus(b, m->cfg);
+  ASSERT_TRUE(f.settings.far_bias);
+  double moved = 0;
+  for (const RouterParams& r : f.routers)
+    for (RouterSide side : {RouterSide::Query, RouterSide::Key})
+      for (int64_t i = 0; i <= r.cfg.dim; ++i) moved += std::fabs(r.params[r.far_offset(side) + i]);
+  EXPECT_GT(moved, 0.0) << "training must move the far-pair terms";
+  RetrofitOptions back = opts(::testing::TempDir() + "/focus_far_back", false);
+  back.init = b;
+  try {
+    run_retrofit(*m, back);
+    FAIL() << "routers with far-pair terms as --init of a run without them must be refused";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("far-pair terms"), std::string::npos) << e.what();
+  }
+}
+
 // With --balance swav every step's metrics line carries the SwAV loss: the mean over the step's
 // windows and routers of the cross-entropy against the Sinkhorn targets. Step 1 uses the seeded
 // routers, so it is recomputed here from the same windows.

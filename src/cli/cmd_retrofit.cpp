@@ -30,6 +30,7 @@ int run_retrofit_cmd(const RetrofitFlags& f) {
     if (!f.app->count("--dg")) o.focus.dg = s.dg;
     if (!f.app->count("--tau")) o.focus.tau = s.tau;
     if (!f.app->count("--learn-tau")) o.focus.learn_tau = s.learn_tau;
+    o.focus.far_bias = o.focus.far_bias || s.far_bias;  // trained terms are kept
     if (s.asymmetric) {  // and so does the routing shape of asymmetric routers
       if (!f.app->count("--per-kv-head")) o.focus.per_kv_head = s.per_kv_head;
       if (!f.app->count("--per-head")) o.focus.per_head = s.per_head;
@@ -120,6 +121,10 @@ Command add_retrofit(CLI::App& app) {
                 "sparse: each far pair read carries log(p_query(g) / max p_query) + log(p_key(g) / max p_key), the "
                 "routers' probabilities of its group relative to their best (trained through them; saved in "
                 "focus.json, evaluated on whole windows)");
+  sub->add_flag("--far-bias", o.focus.far_bias,
+                "sparse: each far pair read also carries e_query(i) + e_key(j), each linear in the router's input and "
+                "zero at the start (a learned weighting of the far keys read; saved in focus.json, evaluated on whole "
+                "windows; --init routers without it start from the unweighted pattern)");
   sub->add_flag("--route-on-qk", o.focus.route_on_qk,
                 "distill: routers read the rotated query and key vectors (width head_dim) instead of the hidden state");
   sub->add_flag("--per-kv-head", o.focus.per_kv_head, "distill, sparse: one router per kv head (its query heads follow it)");

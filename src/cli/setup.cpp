@@ -151,9 +151,10 @@ std::string mean_budget(const std::vector<std::vector<int64_t>>& k) {
 }  // namespace
 
 void Loaded::check_decodes(const char* what) const {
-  FOCUS_CHECK(!focus || focus->settings.mode != FocusMode::Hard || !focus->settings.group_bias, what,
-              ": routers with group weights score whole windows from position 0 (focus eval); decoding from a KV "
-              "cache needs per-group weights in the grouped kernels, which are not built");
+  FOCUS_CHECK(!focus || focus->settings.mode != FocusMode::Hard || !(focus->settings.group_bias || focus->settings.far_bias),
+              what,
+              ": routers with group weights or far-pair terms score whole windows from position 0 (focus eval); "
+              "decoding from a KV cache needs per-pair weights in the grouped kernels, which are not built");
 }
 
 std::string describe_focus(const FocusRouters* f) {
@@ -164,6 +165,7 @@ std::string describe_focus(const FocusRouters* f) {
          (s.mode == FocusMode::Hard ? ", top-" + std::to_string(s.topk) : "") +
          (s.mode == FocusMode::Hard && s.topp > 0 ? ", top-p " + std::to_string(s.topp) : "") +
          (s.mode == FocusMode::Hard && s.group_bias ? ", group weights" : "") +
+         (s.mode == FocusMode::Hard && s.far_bias ? ", far-pair terms" : "") +
          (s.mode == FocusMode::Hard && s.blocks > 0
               ? (f->block_budget.empty() ? ", blocks 1+" + std::to_string(s.blocks)
                                          : ", blocks 1+" + mean_budget(f->block_budget) + " per head on average") +

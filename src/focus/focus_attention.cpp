@@ -267,12 +267,29 @@ void relative_weight_grad(const float* p, const float* m, const float* dm, int64
   dp[a] = (float)to_a;
 }
 
-// What the sparse training forward keeps: per router the key and query caches and the 0/1
-// memberships the kernel read, and their gradients.
+// Far-pair terms (settings.far_bias) of router rp over x [T, D]: eq, ek [T] (router_far_bias);
+// each query's memberships mq [T, G] are scaled by exp(eq), each key's mk [T, G] by exp(ek), so a
+// far pair read carries eq(i) + ek(j) in the kernel's log(sum_g mq mk + eps).
+void apply_far_bias(const RouterParams& rp, const float* x, int64_t T, int64_t G, float* eq, float* ek, float* mq,
+                    float* mk) {
+  router_far_bias(rp, x, T, RouterSide::Query, eq);
+  router_far_bias(rp, x, T, RouterSide::Key, ek);
+  for (int64_t i = 0; i < T; ++i) {
+    const float fq = std::exp(eq[i]), fk = std::exp(ek[i]);
+    for (int64_t g = 0; g < G; ++g) {
+      mq[i * G + g] *= fq;
+      mk[i * G + g] *= fk;
+    }
+  }
+}
+
+// What the sparse training forward keeps: per router the key and query caches and the
+// memberships the kernel read (0/1, or weighted), and their gradients.
 struct SparseTape final : AttentionState {
   std::vector<RouterCache> kc, qc;  // [RH]
   std::vector<float> mq, mk;        // [RH, T, G]: groups read by the queries, group of each key
   std::vector<float> dmq, dmk;      // their gradients
+  std::vector<float> eq, ek;        // [RH, T]: far-pair terms (far_bias)
   void truncate(int64_t) override {}
 };
 
@@ -304,6 +321,10 @@ class AsymmetricFocusAttention final : public AttentionPolicy {
     t->mk.assign(RH * T * G, 0.f);
     std::vector<int32_t> kg(T), top(T * fs_.topk);
     std::vector<int64_t> load(G);
+    if (fs_.far_bias) {
+      t->eq.resize(RH * T);
+      t->ek.resize(RH * T);
+    }
     for (int64_t r = 0; r < RH; ++r) {
       router_forward(rp_[r], a.xn, T, t->kc[r], RouterSide::Key, true);
       std::fill(load.begin(), load.end(), 0);
@@ -312,6 +333,9 @@ class AsymmetricFocusAttention final : public AttentionPolicy {
       router_topk(t->qc[r].s.data(), rp_[r].bias.data(), T, G, fs_.topk, top.data());
       set_memberships(T, G, kg.data(), top.data(), fs_.topk, fs_.group_bias ? t->kc[r].p.data() : nullptr,
                       fs_.group_bias ? t->qc[r].p.data() : nullptr, t->mk.data() + r * T * G, t->mq.data() + r * T * G);
+      if (fs_.far_bias)
+        apply_far_bias(rp_[r], a.xn, T, G, t->eq.data() + r * T, t->ek.data() + r * T, t->mq.data() + r * T * G,
+                       t->mk.data() + r * T * G);
     }
     tape.lse.resize(a.cfg->heads * T);
     const cpu::SoftKeys keys{t->mk.data(), nullptr, RH};
@@ -332,7 +356,7 @@ class AsymmetricFocusAttention final : public AttentionPolicy {
   void train_backward_input(const AttentionCall& a, AttentionTape& tape, float* dxn) const override {
     auto& t = static_cast<SparseTape&>(*tape.data);
     const int64_t G = fs_.groups, T = a.T;
-    std::vector<float> scratch, ds_key, dp_query, dp_key;
+    std::vector<float> scratch, ds_key, dp_query, dp_key, uq, uk, duq, duk, de;
     for (int64_t r = 0; r < rh_; ++r) {
       float* gr = nullptr;
       if (grads_) {
@@ -341,16 +365,50 @@ class AsymmetricFocusAttention final : public AttentionPolicy {
         scratch.assign(rp_[r].params.size(), 0.f);
         gr = scratch.data();
       }
-      const float* dmq = t.dmq.data() + r * T * G;
+      // The memberships before the far-pair terms (u) and their gradients (du).
+      const float *mq = t.mq.data() + r * T * G, *mk = t.mk.data() + r * T * G;
+      const float *dmq = t.dmq.data() + r * T * G, *dmk = t.dmk.data() + r * T * G;
+      if (fs_.far_bias) {
+        const float *eq = t.eq.data() + r * T, *ek = t.ek.data() + r * T;
+        de.resize(T);
+        for (int64_t i = 0; i < T; ++i) {  // d e_q(i) = sum_g dmq(i, g) mq(i, g)
+          double d = 0;
+          for (int64_t g = 0; g < G; ++g) d += (double)dmq[i * G + g] * mq[i * G + g];
+          de[i] = (float)d;
+        }
+        router_far_bias_backward(rp_[r], a.xn, T, RouterSide::Query, eq, de.data(), gr, dxn);
+        for (int64_t j = 0; j < T; ++j) {
+          double d = 0;
+          for (int64_t g = 0; g < G; ++g) d += (double)dmk[j * G + g] * mk[j * G + g];
+          de[j] = (float)d;
+        }
+        router_far_bias_backward(rp_[r], a.xn, T, RouterSide::Key, ek, de.data(), gr, dxn);
+        uq.resize(T * G);
+        uk.resize(T * G);
+        duq.resize(T * G);
+        duk.resize(T * G);
+        for (int64_t i = 0; i < T; ++i) {
+          const float fq = std::exp(eq[i]), fk = std::exp(ek[i]);
+          for (int64_t g = 0; g < G; ++g) {
+            uq[i * G + g] = mq[i * G + g] / fq;
+            duq[i * G + g] = dmq[i * G + g] * fq;
+            uk[i * G + g] = mk[i * G + g] / fk;
+            duk[i * G + g] = dmk[i * G + g] * fk;
+          }
+        }
+        mq = uq.data();
+        mk = uk.data();
+        dmq = duq.data();
+        dmk = duk.data();
+      }
       if (fs_.group_bias) {
         // A read membership is the router's relative probability of the group: its gradient goes
         // through the softmax; which groups are read (the selection) passes no gradient.
         dp_query.resize(T * G);
         dp_key.resize(T * G);
         for (int64_t i = 0; i < T; ++i) {
-          const int64_t x = (r * T + i) * G;
-          relative_weight_grad(t.qc[r].p.data() + i * G, t.mq.data() + x, dmq + i * G, G, dp_query.data() + i * G);
-          relative_weight_grad(t.kc[r].p.data() + i * G, t.mk.data() + x, t.dmk.data() + x, G, dp_key.data() + i * G);
+          relative_weight_grad(t.qc[r].p.data() + i * G, mq + i * G, dmq + i * G, G, dp_query.data() + i * G);
+          relative_weight_grad(t.kc[r].p.data() + i * G, mk + i * G, dmk + i * G, G, dp_key.data() + i * G);
         }
         ds_key.assign(T * G, 0.f);
         if (hook_) hook_(first_ + r, t.kc[r], ds_key.data());  // balance on the keys' scores
@@ -358,7 +416,7 @@ class AsymmetricFocusAttention final : public AttentionPolicy {
         router_backward(rp_[r], a.xn, t.kc[r], dp_key.data(), ds_key.data(), gr, dxn, RouterSide::Key);
         continue;
       }
-      ds_key.assign(t.dmk.begin() + r * T * G, t.dmk.begin() + (r + 1) * T * G);
+      ds_key.assign(dmk, dmk + T * G);
       if (hook_) hook_(first_ + r, t.kc[r], ds_key.data());  // balance on the keys' scores
       router_backward(rp_[r], a.xn, t.qc[r], nullptr, dmq, gr, dxn, RouterSide::Query);
       router_backward(rp_[r], a.xn, t.kc[r], nullptr, ds_key.data(), gr, dxn, RouterSide::Key);
@@ -395,9 +453,12 @@ class AsymmetricFocusAttention final : public AttentionPolicy {
     // (a key's group depends on the keys before it only: causal).
     std::vector<int32_t> kg(RH * T);  // [RH, T]
     std::vector<float> in, pk, pq;    // with group weights: the routers' softmax [RH, T, G]
+    const bool weighted = fs_.group_bias || fs_.far_bias;
+    if (weighted) {
+      FOCUS_CHECK(a.pos0 == 0, "Focus with group weights or far-pair terms runs whole windows from position 0 (layer ",
+                  a.layer, "): the grouped kernels that decode from a cache have no per-pair weights");
+    }
     if (fs_.group_bias) {
-      FOCUS_CHECK(a.pos0 == 0, "Focus with group weights runs whole windows from position 0 (layer ", a.layer,
-                  "): the grouped kernels that decode from a cache have no per-group weights");
       pk.resize(RH * T * G);
       pq.resize(RH * T * G);
     }
@@ -456,13 +517,17 @@ class AsymmetricFocusAttention final : public AttentionPolicy {
       routing.block_size = fs_.block_size;
       routing.query_blocks = qb.data();
     }
-    if (fs_.group_bias) {
+    if (weighted) {
       // The pattern's pairs with their weights, through the soft kernel (dense work) as training
       // computes them; the pair count below is the pattern's.
-      std::vector<float> mk(RH * T * G, 0.f), mq(RH * T * G, 0.f);
-      for (int64_t r = 0; r < RH; ++r)
-        set_memberships(T, G, kg.data() + r * T, top.data() + r * T * k, k, pk.data() + r * T * G,
-                        pq.data() + r * T * G, mk.data() + r * T * G, mq.data() + r * T * G);
+      std::vector<float> mk(RH * T * G, 0.f), mq(RH * T * G, 0.f), eq(T), ek(T);
+      for (int64_t r = 0; r < RH; ++r) {
+        set_memberships(T, G, kg.data() + r * T, top.data() + r * T * k, k,
+                        fs_.group_bias ? pk.data() + r * T * G : nullptr, fs_.group_bias ? pq.data() + r * T * G : nullptr,
+                        mk.data() + r * T * G, mq.data() + r * T * G);
+        if (fs_.far_bias)
+          apply_far_bias(rp_[r], a.xn, T, G, eq.data(), ek.data(), mq.data() + r * T * G, mk.data() + r * T * G);
+      }
       const cpu::SoftKeys keys{mk.data(), nullptr, RH};
       cpu::soft_attention_forward(a.q, a.k, a.v, mq.data(), a.out, nullptr, sparse_shape(a), keys);
     } else if (a.pos0 > 0) {

@@ -91,6 +91,8 @@ void check_settings(const FocusSettings& s, const ModelConfig& c, const std::str
               s.block_size, ")");
   FOCUS_CHECK(!s.group_bias || (s.asymmetric && s.blocks == 0 && s.topp == 0.f && !s.route_on_qk), where,
               ": group weights need asymmetric routers reading the hidden state, with top-k groups and no blocks");
+  FOCUS_CHECK(!s.far_bias || (s.asymmetric && s.blocks == 0 && s.topp == 0.f && !s.route_on_qk), where,
+              ": far-pair terms need asymmetric routers reading the hidden state, with top-k groups and no blocks");
 }
 }  // namespace
 
@@ -117,6 +119,7 @@ RouterConfig router_config(const ModelConfig& c, const FocusSettings& s) {
   rc.tau = s.tau;
   rc.learn_tau = s.learn_tau;
   rc.key_proj = s.asymmetric;
+  rc.far_bias = s.far_bias;
   return rc;
 }
 }  // namespace
@@ -159,6 +162,11 @@ void save_focus(const FocusRouters& f, const std::string& dir, const ModelConfig
       t[p + "bias"] = {{G}, r.bias};
       t[p + "log_tau"] = {{1}, {std::log(r.tau())}};
       if (r.cfg.key_proj) t[p + "w_k"] = {{dg, D}, std::vector<float>(r.w_k(), r.w_k() + dg * D)};
+      if (r.cfg.far_bias)
+        for (RouterSide side : {RouterSide::Query, RouterSide::Key}) {
+          const float* e = r.params.data() + r.far_offset(side);
+          t[p + (side == RouterSide::Key ? "far_k" : "far_q")] = {{D + 1}, std::vector<float>(e, e + D + 1)};
+        }
     }
   }
   io::save_safetensors((fs::path(dir) / "router.safetensors").string(), t, {{"format", "focus-router"}});
@@ -186,6 +194,7 @@ void save_focus(const FocusRouters& f, const std::string& dir, const ModelConfig
   if (s.topk_by_mass) j["topk_by_mass"] = true;
   if (s.topp > 0) j["topp"] = s.topp;
   if (s.group_bias) j["group_bias"] = true;
+  if (s.far_bias) j["far_bias"] = true;
   if (s.blocks > 0) {
     j["blocks"] = s.blocks;
     j["block_size"] = s.block_size;
@@ -249,6 +258,7 @@ FocusConfigFile read_focus_config(const std::string& dir, const ModelConfig& c) 
     s.topk_by_mass = j.value("topk_by_mass", false);
     s.topp = j.value("topp", 0.f);
     s.group_bias = j.value("group_bias", false);
+    s.far_bias = j.value("far_bias", false);
     s.dense_above = j.value("dense_above", 1.f);
     if (j.contains("blocks")) s.blocks = int_field(j, "blocks", jp);
     if (j.contains("block_size")) s.block_size = int_field(j, "block_size", jp);
@@ -309,6 +319,11 @@ FocusRouters load_focus(const std::string& dir, const ModelConfig& c) {
         auto wk = take("w_k", {s.dg, in});
         std::copy(wk.begin(), wk.end(), r.w_k());
       }
+      if (s.far_bias)
+        for (RouterSide side : {RouterSide::Query, RouterSide::Key}) {
+          auto e = take(side == RouterSide::Key ? "far_k" : "far_q", {in + 1});
+          std::copy(e.begin(), e.end(), r.params.begin() + r.far_offset(side));
+        }
       r.bias = take("bias", {s.groups});
       auto lt = take("log_tau", {1});
       if (s.learn_tau) r.params[r.log_tau_offset()] = lt[0];

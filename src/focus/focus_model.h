@@ -67,6 +67,12 @@ struct FocusSettings {
   // The set of pairs read is the hard pattern's; it runs on whole windows from position 0 (the
   // grouped kernels have no per-group weights). Trained by retrofit --objective sparse --group-bias.
   bool group_bias = false;
+  // Asymmetric hard mode with far-pair terms (focus.json "far_bias"): a far pair (i, j) that the
+  // pattern keeps gets the additive logit term e_q(i) + e_k(j), each linear in the router's input
+  // (router_far_bias): a learned per-query and per-key weighting of the far keys read, zero at
+  // initialisation (training starts from the unweighted pattern). Same pairs as without it; whole
+  // windows from position 0, like group_bias. Trained by retrofit --objective sparse --far-bias.
+  bool far_bias = false;
   // Asymmetric hard mode, the hybrid pattern (focus.json "blocks", "block_size"): besides its
   // groups, each query head reads positional blocks of block_size keys beyond its window, as block
   // top-k does (baselines: focus/block_topk.h): the block of its last far key and the `blocks`
@@ -126,7 +132,8 @@ int64_t router_input_dim(const ModelConfig& c, const FocusSettings& s);
 FocusRouters focus_init(const ModelConfig& c, const FocusSettings& s, uint64_t seed);
 
 // DIR/router.safetensors (layers.L.w_r [d_g, D], layers.L.centroids [G, d_g], layers.L.bias [G],
-// layers.L.log_tau [1]) and DIR/focus.json (settings, model shape). Writes are atomic.
+// layers.L.log_tau [1]; asymmetric: layers.L.w_k [d_g, D]; far_bias: layers.L.far_q and far_k
+// [D + 1], weights then offset) and DIR/focus.json (settings, model shape). Writes are atomic.
 void save_focus(const FocusRouters& f, const std::string& dir, const ModelConfig& c, const std::string& model_path);
 // Loads and checks against the model (dimensions, layer count); errors name the file.
 FocusRouters load_focus(const std::string& dir, const ModelConfig& c);

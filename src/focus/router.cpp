@@ -215,6 +215,39 @@ void router_backward(const RouterParams& rp, const float* x, const RouterCache& 
   }
 }
 
+void router_far_bias(const RouterParams& rp, const float* x, int64_t n, RouterSide side, float* e) {
+  check_params(rp);
+  FOCUS_CHECK(rp.cfg.far_bias, "router_far_bias: the router has no far-pair terms");
+  FOCUS_CHECK(n == 0 || (x && e), "router_far_bias: null buffer");
+  const int64_t D = rp.cfg.dim;
+  const float* f = rp.params.data() + rp.far_offset(side);
+  const float b = f[D], inv = 1.f / std::sqrt((float)D);
+  for (int64_t i = 0; i < n; ++i) e[i] = std::clamp(dot(f, x + i * D, D) * inv + b, -kFarBiasLimit, kFarBiasLimit);
+}
+
+void router_far_bias_backward(const RouterParams& rp, const float* x, int64_t n, RouterSide side, const float* e,
+                              const float* de, float* dparams, float* dx) {
+  check_params(rp);
+  FOCUS_CHECK(rp.cfg.far_bias, "router_far_bias_backward: the router has no far-pair terms");
+  FOCUS_CHECK(n == 0 || (x && e && de), "router_far_bias_backward: null buffer");
+  FOCUS_CHECK(dparams, "router_far_bias_backward: null parameter gradient");
+  const int64_t D = rp.cfg.dim;
+  const float* f = rp.params.data() + rp.far_offset(side);
+  float* df = dparams + rp.far_offset(side);
+  const float inv = 1.f / std::sqrt((float)D);
+  double db = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    if (std::fabs(e[i]) >= kFarBiasLimit) continue;  // clamped
+    const float g = de[i];
+    db += g;
+    const float* xi = x + i * D;
+    for (int64_t d = 0; d < D; ++d) df[d] += g * inv * xi[d];
+    if (dx)
+      for (int64_t d = 0; d < D; ++d) dx[i * D + d] += g * inv * f[d];
+  }
+  df[D] += (float)db;
+}
+
 void router_topk(const float* logits, const float* bias, int64_t n, int64_t g, int k, int32_t* groups) {
   FOCUS_CHECK(k >= 1 && k <= g, "router_topk: k must be in [1, G=", g, "], got ", k);
   FOCUS_CHECK(n >= 0, "router_topk: negative token count ", n);

@@ -19,6 +19,7 @@ struct RouterConfig {
   float tau = 0.1f;        // temperature (the initial value when learned)
   bool learn_tau = false;  // train log_tau as a parameter
   bool key_proj = false;   // a second projection W_k for keys (asymmetric routing)
+  bool far_bias = false;   // learned far-pair logit terms for queries and keys (router_far_bias)
 };
 
 // Which projection scores the tokens: W_r (queries, and keys of symmetric routers) or W_k.
@@ -26,7 +27,7 @@ enum class RouterSide { Query, Key };
 
 // Trainable parameters in one flat vector (for the optimizer), plus the gradient-free bias.
 //   params = [ W_r (d_g x D, row-major) | C (G x d_g, row-major) | log_tau (only if learn_tau)
-//              | W_k (d_g x D, only if key_proj) ]
+//              | W_k (d_g x D, only if key_proj) | f_q (D), b_q, f_k (D), b_k (only if far_bias) ]
 struct RouterParams {
   RouterConfig cfg;
   std::vector<float> params;  // trainable
@@ -38,8 +39,10 @@ struct RouterParams {
   int64_t w_k_offset() const {
     return cfg.key_proj ? centroids_offset() + cfg.groups * cfg.d_g + (cfg.learn_tau ? 1 : 0) : 0;
   }
-  int64_t size() const {
-    return centroids_offset() + cfg.groups * cfg.d_g + (cfg.learn_tau ? 1 : 0) + (cfg.key_proj ? cfg.d_g * cfg.dim : 0);
+  int64_t size() const { return far_base() + (cfg.far_bias ? 2 * (cfg.dim + 1) : 0); }
+  // The far-pair terms of `side`: D weights, then the offset b (-1 without far_bias).
+  int64_t far_offset(RouterSide side) const {
+    return cfg.far_bias ? far_base() + (side == RouterSide::Key ? cfg.dim + 1 : 0) : -1;
   }
   // Offset of the projection that scores `side` (W_r for both sides of a symmetric router).
   int64_t proj_offset(RouterSide side) const { return side == RouterSide::Key ? w_k_offset() : 0; }
@@ -51,9 +54,15 @@ struct RouterParams {
   float* centroids() { return params.data() + centroids_offset(); }
   const float* centroids() const { return params.data() + centroids_offset(); }
   float tau() const;  // exp(log_tau) when learned, cfg.tau otherwise
+
+ private:
+  int64_t far_base() const {
+    return centroids_offset() + cfg.groups * cfg.d_g + (cfg.learn_tau ? 1 : 0) + (cfg.key_proj ? cfg.d_g * cfg.dim : 0);
+  }
 };
 
-// W_r ~ N(0, 1/D); centroids: random unit vectors; log_tau = log(cfg.tau); bias = 0. Seeded.
+// W_r ~ N(0, 1/D); centroids: random unit vectors; log_tau = log(cfg.tau); far-pair terms 0;
+// bias = 0. Seeded.
 RouterParams router_init(const RouterConfig& cfg, uint64_t seed);
 
 // What router_backward needs from the forward pass.
@@ -78,6 +87,17 @@ void router_forward(const RouterParams& rp, const float* x, int64_t n, RouterCac
 // `side` must be the forward's.
 void router_backward(const RouterParams& rp, const float* x, const RouterCache& cache, const float* dp,
                      const float* ds, float* dparams, float* dx, RouterSide side = RouterSide::Query);
+
+// Far-pair terms (cfg.far_bias): for each token of x [N, D], as a query or a key,
+//   e_i = clamp(<f, x_i> / sqrt(D) + b, -kFarBiasLimit, kFarBiasLimit)        -> e [N]
+// A far pair (i, j) that the hard pattern reads gets the logit term e_query(i) + e_key(j): a
+// learned down- (or up-) weighting of far keys per query and per key, zero at initialisation.
+inline constexpr float kFarBiasLimit = 30.f;
+void router_far_bias(const RouterParams& rp, const float* x, int64_t n, RouterSide side, float* e);
+// Given dL/de [N] and the forward's e, accumulates dL/d(f, b) into dparams and, if dx is not null,
+// dL/dx [N, D] (a clamped e passes no gradient).
+void router_far_bias_backward(const RouterParams& rp, const float* x, int64_t n, RouterSide side, const float* e,
+                              const float* de, float* dparams, float* dx);
 
 // Hard top-k membership (any k in [1, G]): the k best groups of logits_i + bias (bias may be null), written in
 // ascending group order to groups [N, k]; ties go to the lower group index.

@@ -77,6 +77,8 @@ json run_identity(const Model& m, const RetrofitOptions& o) {
               {"per_kv_head", o.focus.per_kv_head},
               {"per_head", o.focus.per_head},
               {"route_on_qk", o.focus.route_on_qk}});
+  if (o.focus.group_bias) j["group_bias"] = true;
+  if (o.focus.far_bias) j["far_bias"] = true;
   return j;
 }
 
@@ -94,8 +96,10 @@ void init_from(FocusRouters& f, const std::string& dir, const ModelConfig& c) {
               "; this run asks for groups ", a.groups, ", d_g ", a.dg, a.learn_tau ? ", learned tau" : "");
   FOCUS_CHECK(a.learn_tau || a.tau == b.tau, jp, ": --init routers use tau ", b.tau, "; this run asks for tau ", a.tau);
   FOCUS_CHECK(g.router_of_layer == f.router_of_layer, jp, ": --init routers sit on other layers than this model routes");
+  FOCUS_CHECK(a.far_bias || !b.far_bias, jp, ": --init routers carry far-pair terms; this run has none (--far-bias)");
   for (size_t r = 0; r < f.routers.size(); ++r) {
-    f.routers[r].params = g.routers[r].params;
+    // Far-pair terms come last in the parameters: routers without them start these runs at zero.
+    std::copy(g.routers[r].params.begin(), g.routers[r].params.end(), f.routers[r].params.begin());
     f.routers[r].bias = g.routers[r].bias;
   }
 }
@@ -206,6 +210,7 @@ RetrofitResult run_retrofit(const Model& m, const RetrofitOptions& o) {
               "(and optionally --balance swav on their scores), not with --balance bias");
   FOCUS_CHECK(!sparse || !o.focus.route_on_qk, "retrofit: sparse training reads the hidden state (no --route-on-qk)");
   FOCUS_CHECK(!o.focus.group_bias || sparse, "retrofit: group weights (--group-bias) train with --objective sparse");
+  FOCUS_CHECK(!o.focus.far_bias || sparse, "retrofit: far-pair terms (--far-bias) train with --objective sparse");
   FOCUS_CHECK(!sparse || !o.focus.per_head || m.cfg.heads == m.cfg.kv_heads, "retrofit: sparse training routes per "
               "layer or per kv head; routers per query head need as many kv heads as query heads (this model has ",
               m.cfg.heads, " and ", m.cfg.kv_heads, ")");

@@ -73,6 +73,24 @@ void check_block(const Model& m, FocusRouters f, const test::Win& w, const Disti
   });
 }
 
+// Weighted hard patterns (group weights, far-pair terms): the training loss of the window is the
+// loss inference scores (nll over `scored` targets), a prefix scores as it does inside the longer
+// window (causal), and decoding from a cache is refused with an error containing `refusal`.
+void expect_trains_as_it_infers(const Model& m, const FocusRouters& f, const test::Win& w, double nll, int64_t scored,
+                                const std::string& refusal) {
+  const TrainWindow tw{w.ids.data(), (int64_t)w.ids.size(), w.targets.data()};
+  std::vector<std::vector<float>> g;
+  for (auto& r : f.routers) g.emplace_back(r.params.size(), 0.f);
+  const LossGrad lg = focus_router_loss_and_grad(m, f, tw, 1.0f, &g);
+  EXPECT_EQ(lg.scored, scored);
+  EXPECT_NEAR(lg.loss_sum, nll, 2e-4 * std::fabs(nll));
+  const AttentionPlan plan = focus_plan(m.cfg, f);
+  const std::vector<int32_t> prefix(w.ids.begin(), w.ids.begin() + 30);
+  EXPECT_LT(max_abs_diff(hidden_of(m, prefix, &plan), hidden_of(m, w.ids, &plan), 0, 30 * m.cfg.dim), 1e-5);
+  const std::string e = focus::test::error_of([&] { test::hidden_decoded(m, w.ids, &plan, 30, 20); });
+  EXPECT_NE(e.find(refusal), std::string::npos) << e;
+}
+
 // Central differences of the hard-pattern training loss (scaled by `scale`) along its gradient,
 // restricted to each parameter range [lo, hi) of router `r0` of fa, at two step sizes. Returns
 // false, checking nothing, when the loss jumps between the points (a key changes group, or the
@@ -547,7 +565,6 @@ TEST(AsymmetricRouting, GroupWeightsTrainAsTheyInfer) {
       s.key_capacity = 1.25f;
       FocusRouters f = focus_init(m->cfg, s, 9);
       const test::Win w = window_of(50, m->cfg.vocab, 10);
-      const TrainWindow tw{w.ids.data(), (int64_t)w.ids.size(), w.targets.data()};
       int64_t scored = 0;
       AttentionStats plain;
       const AttentionPlan unweighted = focus_plan(m->cfg, f);
@@ -558,19 +575,7 @@ TEST(AsymmetricRouting, GroupWeightsTrainAsTheyInfer) {
       const double nll = window_nll(*m, w.ids, w.targets, &weighted, &st, &scored);
       EXPECT_LT(st.density(), 0.9);
       EXPECT_GT(std::fabs(nll - nll_plain), 1e-3) << "the weights should change the loss";
-      std::vector<std::vector<float>> g;
-      for (auto& r : f.routers) g.emplace_back(r.params.size(), 0.f);
-      const LossGrad lg = focus_router_loss_and_grad(*m, f, tw, 1.0f, &g);
-      EXPECT_EQ(lg.scored, scored);
-      EXPECT_NEAR(lg.loss_sum, nll, 2e-4 * std::fabs(nll));
-      // Causal: a prefix scores as it does inside the longer window.
-      const std::vector<int32_t> prefix(w.ids.begin(), w.ids.begin() + 30);
-      EXPECT_LT(max_abs_diff(hidden_of(*m, prefix, &weighted), hidden_of(*m, w.ids, &weighted), 0,
-                             30 * m->cfg.dim),
-                1e-5);
-      // Decoding from a cache needs kernels with per-group weights: refused, saying so.
-      const std::string e = focus::test::error_of([&] { test::hidden_decoded(*m, w.ids, &weighted, 30, 20); });
-      EXPECT_NE(e.find("group weights"), std::string::npos) << e;
+      expect_trains_as_it_infers(*m, f, w, nll, scored, "group weights");
 
       // Central differences on the last layer's routers (no later layer re-routes), along the
       // gradient of W_r (queries), of W_k (keys: those the capacity keeps out of their best group
@@ -587,7 +592,7 @@ TEST(AsymmetricRouting, GroupWeightsTrainAsTheyInfer) {
           const size_t last = fa.routers.size() - (variant ? m->cfg.kv_heads : 1);
           const RouterParams& r0 = fa.routers[last];
           const int64_t proj = r0.cfg.d_g * r0.cfg.dim;
-          checked += fd_matches_gradient(*m, fa, w, 1.f / (float)lg.scored, last,
+          checked += fd_matches_gradient(*m, fa, w, 1.f / (float)scored, last,
                                          {{r0.w_r_offset(), r0.w_r_offset() + proj},
                                           {r0.w_k_offset(), r0.w_k_offset() + proj},
                                           {r0.centroids_offset(), r0.centroids_offset() + r0.cfg.groups * r0.cfg.d_g}},
@@ -618,7 +623,6 @@ TEST(AsymmetricRouting, FarTermsTrainAsTheyInfer) {
       s.far_bias = true;
       FocusRouters f = focus_init(m->cfg, s, 9);
       const test::Win w = window_of(50, m->cfg.vocab, 11);
-      const TrainWindow tw{w.ids.data(), (int64_t)w.ids.size(), w.targets.data()};
       int64_t scored = 0;
       std::vector<std::vector<int32_t>> groups_plain, groups_weighted;
       AttentionStats st_plain, st_zero, st;
@@ -643,16 +647,7 @@ TEST(AsymmetricRouting, FarTermsTrainAsTheyInfer) {
       // the changed hidden state).
       ASSERT_FALSE(groups_plain.empty() || groups_plain[0].empty());
       EXPECT_EQ(groups_weighted[0], groups_plain[0]) << "the terms must not change the pairs read";
-      std::vector<std::vector<float>> g;
-      for (auto& r : f.routers) g.emplace_back(r.params.size(), 0.f);
-      const LossGrad lg = focus_router_loss_and_grad(*m, f, tw, 1.0f, &g);
-      EXPECT_EQ(lg.scored, scored);
-      EXPECT_NEAR(lg.loss_sum, nll, 2e-4 * std::fabs(nll));
-      const std::vector<int32_t> prefix(w.ids.begin(), w.ids.begin() + 30);
-      EXPECT_LT(max_abs_diff(hidden_of(*m, prefix, &weighted), hidden_of(*m, w.ids, &weighted), 0, 30 * m->cfg.dim),
-                1e-5);
-      const std::string e = focus::test::error_of([&] { test::hidden_decoded(*m, w.ids, &weighted, 30, 20); });
-      EXPECT_NE(e.find("far-pair terms"), std::string::npos) << e;
+      expect_trains_as_it_infers(*m, f, w, nll, scored, "far-pair terms");
 
       // Central differences on the last layer's routers, top-2 of 4: the query terms, the key
       // terms and, with group weights, W_r, W_k and the centroids (without them the routers'
@@ -674,7 +669,7 @@ TEST(AsymmetricRouting, FarTermsTrainAsTheyInfer) {
           ranges.insert(ranges.end(), {{r0.w_r_offset(), r0.w_r_offset() + proj},
                                        {r0.w_k_offset(), r0.w_k_offset() + proj},
                                        {r0.centroids_offset(), r0.centroids_offset() + r0.cfg.groups * r0.cfg.d_g}});
-        checked += fd_matches_gradient(*m, fa, w, 1.f / (float)lg.scored, last, ranges,
+        checked += fd_matches_gradient(*m, fa, w, 1.f / (float)scored, last, ranges,
                                        "router seed " + std::to_string(seed));
       }
       EXPECT_EQ(checked, 1) << "no router seed without a jump";

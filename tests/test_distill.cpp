@@ -637,7 +637,7 @@ TEST(AsymmetricRouting, FarTermsTrainAsTheyInfer) {
 
       for (size_t r = 0; r < f.routers.size(); ++r)
         for (RouterSide side : {RouterSide::Query, RouterSide::Key}) {
-          const auto v = test::random_normal(m->cfg.dim + 1, 40 + 2 * r + (side == RouterSide::Key), 2.f);
+          const auto v = test::random_normal(m->cfg.dim + 1, 40 + 2 * r + (side == RouterSide::Key), 2.f / kFarBiasGain);
           std::copy(v.begin(), v.end(), f.routers[r].params.begin() + f.routers[r].far_offset(side));
         }
       const AttentionPlan weighted = focus_plan(m->cfg, f);
@@ -657,7 +657,8 @@ TEST(AsymmetricRouting, FarTermsTrainAsTheyInfer) {
         FocusRouters fa = focus_init(m->cfg, s, seed);
         for (size_t r = 0; r < fa.routers.size(); ++r)
           for (RouterSide side : {RouterSide::Query, RouterSide::Key}) {
-            const auto v = test::random_normal(m->cfg.dim + 1, seed * 100 + 2 * r + (side == RouterSide::Key), 1.f);
+            const auto v =
+                test::random_normal(m->cfg.dim + 1, seed * 100 + 2 * r + (side == RouterSide::Key), 1.f / kFarBiasGain);
             std::copy(v.begin(), v.end(), fa.routers[r].params.begin() + fa.routers[r].far_offset(side));
           }
         const size_t last = fa.routers.size() - (variant == 1 ? m->cfg.kv_heads : 1);

@@ -222,7 +222,8 @@ void router_far_bias(const RouterParams& rp, const float* x, int64_t n, RouterSi
   const int64_t D = rp.cfg.dim;
   const float* f = rp.params.data() + rp.far_offset(side);
   const float b = f[D], inv = 1.f / std::sqrt((float)D);
-  for (int64_t i = 0; i < n; ++i) e[i] = std::clamp(dot(f, x + i * D, D) * inv + b, -kFarBiasLimit, kFarBiasLimit);
+  for (int64_t i = 0; i < n; ++i)
+    e[i] = std::clamp(kFarBiasGain * (dot(f, x + i * D, D) * inv + b), -kFarBiasLimit, kFarBiasLimit);
 }
 
 void router_far_bias_backward(const RouterParams& rp, const float* x, int64_t n, RouterSide side, const float* e,
@@ -238,7 +239,7 @@ void router_far_bias_backward(const RouterParams& rp, const float* x, int64_t n,
   double db = 0;
   for (int64_t i = 0; i < n; ++i) {
     if (std::fabs(e[i]) >= kFarBiasLimit) continue;  // clamped
-    const float g = de[i];
+    const float g = de[i] * kFarBiasGain;
     db += g;
     const float* xi = x + i * D;
     for (int64_t d = 0; d < D; ++d) df[d] += g * inv * xi[d];

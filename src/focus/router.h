@@ -89,9 +89,12 @@ void router_backward(const RouterParams& rp, const float* x, const RouterCache& 
                      const float* ds, float* dparams, float* dx, RouterSide side = RouterSide::Query);
 
 // Far-pair terms (cfg.far_bias): for each token of x [N, D], as a query or a key,
-//   e_i = clamp(<f, x_i> / sqrt(D) + b, -kFarBiasLimit, kFarBiasLimit)        -> e [N]
+//   e_i = clamp(kFarBiasGain (<f, x_i> / sqrt(D) + b), -kFarBiasLimit, kFarBiasLimit)   -> e [N]
 // A far pair (i, j) that the hard pattern reads gets the logit term e_query(i) + e_key(j): a
 // learned down- (or up-) weighting of far keys per query and per key, zero at initialisation.
+// The gain sets how fast the terms learn beside the routing parameters under one Adam step size:
+// a step of lr on every weight moves e by up to about kFarBiasGain * lr * mean |x|.
+inline constexpr float kFarBiasGain = 16.f;
 inline constexpr float kFarBiasLimit = 30.f;
 void router_far_bias(const RouterParams& rp, const float* x, int64_t n, RouterSide side, float* e);
 // Given dL/de [N] and the forward's e, accumulates dL/d(f, b) into dparams and, if dx is not null,

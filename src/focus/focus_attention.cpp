@@ -454,10 +454,8 @@ class AsymmetricFocusAttention final : public AttentionPolicy {
     std::vector<int32_t> kg(RH * T);  // [RH, T]
     std::vector<float> in, pk, pq;    // with group weights: the routers' softmax [RH, T, G]
     const bool weighted = fs_.group_bias || fs_.far_bias;
-    if (weighted) {
-      FOCUS_CHECK(a.pos0 == 0, "Focus with group weights or far-pair terms runs whole windows from position 0 (layer ",
-                  a.layer, "): the grouped kernels that decode from a cache have no per-pair weights");
-    }
+    FOCUS_CHECK(!weighted || a.pos0 == 0, "Focus with group weights or far-pair terms runs whole windows from position 0 (layer ",
+                a.layer, "): the grouped kernels that decode from a cache have no per-pair weights");
     if (fs_.group_bias) {
       pk.resize(RH * T * G);
       pq.resize(RH * T * G);

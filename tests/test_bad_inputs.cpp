@@ -346,23 +346,27 @@ TEST(BadInputs, RetrofitResidualBudgetThatDoesNotFit) {
 }
 
 // Block budgets for the hybrid are calibrated on what the routers' groups leave unread; routers
-// with group weights read their pairs weighted, which the calibration does not model: refused,
-// naming the folder, and no budget file is written.
-TEST(BadInputs, BudgetRefusesRoutersWithGroupWeights) {
+// with group weights or far-pair terms read their pairs weighted, which the calibration does not
+// model: each is refused, naming the folder, and no budget file is written.
+TEST(BadInputs, BudgetRefusesRoutersWithWeightedPairs) {
   FOCUS_NEED_FILE(stories());
   FOCUS_NEED_FILE(book("pg-345-dracula.txt"));
   FOCUS_NEED_FILE(book("pg-1342-pride-and-prejudice.txt"));
   if (!fs::exists(focus_bin())) GTEST_SKIP() << "focus binary not built: " << focus_bin();
-  const std::string routers = dir() + "/group_weight_routers", out = dir() + "/group_weight_budget.json";
-  const focus::test::BinRun made = run("retrofit --model " + stories() + " --tokenizer " + tok512() + " --train " +
-                       book("pg-345-dracula.txt") + " --valid " + book("pg-1342-pride-and-prejudice.txt") +
-                       " --ctx 64 --steps 1 --valid-windows 2 --objective sparse --group-bias --window 16 --out " + routers);
-  ASSERT_EQ(made.code, 0) << made.err;
-  expect_clean_error("budget --model " + stories() + " --tokenizer " + tok512() + " --text " +
-                         book("pg-345-dracula.txt") + " --focus " + routers +
-                         " --mean-k 2 --block-size 4 --window 16 --ctx 64 --out " + out,
-                     routers, "group weights");
-  EXPECT_FALSE(fs::exists(out));
+  for (const std::string flag : {"--group-bias", "--far-bias"}) {
+    SCOPED_TRACE(flag);
+    const std::string routers = dir() + "/weighted_routers" + flag, out = dir() + "/weighted_budget" + flag + ".json";
+    const focus::test::BinRun made = run("retrofit --model " + stories() + " --tokenizer " + tok512() + " --train " +
+                                         book("pg-345-dracula.txt") + " --valid " + book("pg-1342-pride-and-prejudice.txt") +
+                                         " --ctx 64 --steps 1 --valid-windows 2 --objective sparse --window 16 " + flag +
+                                         " --out " + routers);
+    ASSERT_EQ(made.code, 0) << made.err;
+    expect_clean_error("budget --model " + stories() + " --tokenizer " + tok512() + " --text " +
+                           book("pg-345-dracula.txt") + " --focus " + routers +
+                           " --mean-k 2 --block-size 4 --window 16 --ctx 64 --out " + out,
+                       routers, flag == "--group-bias" ? "group weights" : "far-pair terms");
+    EXPECT_FALSE(fs::exists(out));
+  }
 }
 
 // Memory limits are checked before anything large is allocated: FOCUS_MEMORY_LIMIT stands in for a

@@ -52,6 +52,18 @@ RetrofitOptions distill_run(const std::string& out, int64_t steps) {
   return o;
 }
 
+// Sparse training (per kv head, top-2, 6 steps) from the routers in `init`.
+RetrofitOptions sparse_run(const std::string& out, const std::string& init) {
+  RetrofitOptions o = small_run(out);
+  o.objective = "sparse";
+  o.init = init;
+  o.focus.per_kv_head = true;
+  o.focus.topk = 2;
+  o.adam.lr = 5e-3f;
+  o.steps = 6;
+  return o;
+}
+
 // Runs o stopped after 3 steps, then resumed to its end; the steps the resumed run reports.
 int64_t interrupted_then_resumed(const Model& m, RetrofitOptions o) {
   o.stop_after = 3;
@@ -232,16 +244,7 @@ TEST(Retrofit, SparseTrainingLowersTheHardLossAndResumesToTheSameBits) {
   const std::string d = ::testing::TempDir() + "/focus_sparse_init", a = ::testing::TempDir() + "/focus_sparse_a",
                     b = ::testing::TempDir() + "/focus_sparse_b";
   run_retrofit(*m, distill_run(d, 4));
-  auto opts = [&](const std::string& out) {
-    RetrofitOptions o = small_run(out);
-    o.objective = "sparse";
-    o.init = d;
-    o.focus.per_kv_head = true;
-    o.focus.topk = 2;
-    o.adam.lr = 5e-3f;
-    o.steps = 6;
-    return o;
-  };
+  auto opts = [&](const std::string& out) { return sparse_run(out, d); };
   const RetrofitResult full = run_retrofit(*m, opts(a));
   EXPECT_LT(full.after.ppl_hard, full.before.ppl_hard)
       << "training through the pattern must lower its loss (hard validation ppl " << full.before.ppl_hard << " -> "
@@ -268,14 +271,8 @@ TEST(Retrofit, FarTermsStartAtZeroFromInitRouters) {
                     b = ::testing::TempDir() + "/focus_far_terms";
   run_retrofit(*m, distill_run(d, 4));
   auto opts = [&](const std::string& out, bool far) {
-    RetrofitOptions o = small_run(out);
-    o.objective = "sparse";
-    o.init = d;
-    o.focus.per_kv_head = true;
-    o.focus.topk = 2;
+    RetrofitOptions o = sparse_run(out, d);
     o.focus.far_bias = far;
-    o.adam.lr = 5e-3f;
-    o.steps = 6;
     return o;
   };
   const RetrofitResult plain = run_retrofit(*m, opts(a, false));

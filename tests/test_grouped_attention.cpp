@@ -39,12 +39,15 @@ struct Case {
   int64_t block = 16;     // keys per block
   bool shared_groups = false;  // the query heads of a routing head read the same groups (one router
                                // per layer or per kv head), so decoding computes them as one unit
+  float far = 0.f;  // > 0: far-pair terms per (routing head, row) and (routing head, key), normal of this spread
 };
 
 struct Problem {
   AttnShape s;
   std::vector<float> q, k, v;
   std::vector<int32_t> key_group, query_groups, query_blocks;
+  std::vector<float> far_q, far_k;          // [RH, n] each
+  std::vector<const float*> far_qp, far_kp;  // their rows
   GroupedRouting r;
   GroupedKeyIndex idx;
 };
@@ -103,6 +106,19 @@ void make(Problem& P, const Case& c) {
     P.r.kb = c.kb;
     P.r.query_blocks = P.query_blocks.data();
   }
+  if (c.far > 0.f) {
+    std::normal_distribution<float> fd(0.f, c.far);
+    P.far_q.resize(std::max<int64_t>(1, c.RH * c.n));
+    P.far_k.resize(std::max<int64_t>(1, c.RH * c.n));
+    for (auto& x : P.far_q) x = fd(rng);
+    for (auto& x : P.far_k) x = fd(rng);
+    for (int64_t rh = 0; rh < c.RH; ++rh) {
+      P.far_qp.push_back(P.far_q.data() + rh * c.n);
+      P.far_kp.push_back(P.far_k.data() + rh * c.n);
+    }
+    P.r.far_q = P.far_qp.data();
+    P.r.far_k = P.far_kp.data();
+  }
   P.idx.build(P.r, c.n);
 }
 
@@ -133,6 +149,11 @@ Out run_tail(const Problem& P, int64_t rows) {
   GroupedRouting r = P.r;
   r.query_groups = P.query_groups.data() + t0 * H * r.kq;
   if (r.kb > 0) r.query_blocks = P.query_blocks.data() + t0 * H * r.kb;
+  std::vector<const float*> far_q;  // the rows' own terms
+  if (r.far_q) {
+    for (int64_t rh = 0; rh < r.route_heads; ++rh) far_q.push_back(P.far_qp[rh] + t0);
+    r.far_q = far_q.data();
+  }
   Out part{std::vector<float>(rows * s.o_stride), std::vector<float>(H * rows)};
   focus::cpu::grouped_attention(P.q.data() + t0 * s.q_stride, P.k.data(), P.v.data(), part.o.data(),
                                 part.lse.data(), s, r, P.idx);
@@ -448,6 +469,53 @@ TEST(GroupedAttention, HybridBlocksMatchReference) {
       }
 }
 
+// Far-pair terms (a learned weighting of the far keys a row reads through its groups) against the
+// reference: self-attention in tiles, decoding, a few rows and a chunk, over head layouts and
+// routing granularities; terms of spread 8 make some rows' far keys dominate or vanish.
+TEST(GroupedAttention, FarTermsMatchReference) {
+  const int64_t layouts[3][2] = {{4, 4}, {6, 2}, {4, 1}};
+  int i = 0;
+  for (const auto& hl : layouts)
+    for (float far : {0.5f, 8.f}) {
+      Case c;
+      c.n = 200 + 17 * i;
+      c.heads = hl[0];
+      c.kv_heads = hl[1];
+      c.RH = i % 2 ? hl[1] : 1;
+      c.window = i % 3 == 0 ? 1 : 24;
+      c.sinks = i % 2 ? 0 : 2;
+      c.kq = 1 + i % 3;
+      c.hd = i % 4 == 3 ? 40 : 64;
+      c.shared_groups = i % 4 < 2;
+      c.far = far;
+      c.seed = 1300 + i++;
+      Problem P;
+      make(P, c);
+      const Out ref = run_ref(P);
+      EXPECT_LE(rel_err(run_fast(P), ref, P.s), kTol) << describe(c) << " far " << far;
+      for (int64_t rows : {1, 5, 60}) {  // decoding, a few rows, a chunk
+        const Out part = run_tail(P, rows);
+        EXPECT_LE(rel_err(part, rows, 0, ref, c.n, c.n - rows, rows, c.heads, c.hd), kTol)
+            << describe(c) << " far " << far << " rows " << rows;
+      }
+      // The terms change the result (a kernel that dropped them would fail above), and zero terms are
+      // the pattern without them.
+      Problem Z = P;
+      std::fill(Z.far_q.begin(), Z.far_q.end(), 0.f);
+      std::fill(Z.far_k.begin(), Z.far_k.end(), 0.f);
+      for (int64_t rh = 0; rh < c.RH; ++rh) {
+        Z.far_qp[rh] = Z.far_q.data() + rh * c.n;
+        Z.far_kp[rh] = Z.far_k.data() + rh * c.n;
+      }
+      Z.r.far_q = Z.far_qp.data();
+      Z.r.far_k = Z.far_kp.data();
+      Problem N = P;
+      N.r.far_q = N.r.far_k = nullptr;
+      EXPECT_LE(rel_err(run_fast(Z), run_fast(N), P.s), kTol) << describe(c);
+      EXPECT_GT(rel_err(run_fast(N), ref, P.s), 100 * kTol) << describe(c);
+    }
+}
+
 // Blocks that hold every key make the hybrid pattern dense causal attention, whatever the groups.
 TEST(GroupedAttention, HybridAllBlocksIsDenseCausal) {
   const Case c{.n = 130, .heads = 6, .kv_heads = 2, .window = 3, .RH = 2, .unused = 0.0, .kb = 13, .block = 10};
@@ -508,6 +576,26 @@ TEST(GroupedAttention, BadIdsThrow) {
   qb[6] = qb[7] = 1;
   EXPECT_THROW(fast(r, P.idx), focus::Error);
   r.query_blocks = nullptr;
+  EXPECT_THROW(fast(r, P.idx), focus::Error);
+  // Far-pair terms: one side only, a non-finite term, or with blocks.
+  std::vector<float> fq(c.n, 0.f), fk(c.n, 0.f);
+  const float* fqp = fq.data();
+  const float* fkp = fk.data();
+  r = P.r;
+  r.far_q = &fqp;
+  EXPECT_THROW(fast(r, P.idx), focus::Error);
+  r.far_k = &fkp;
+  EXPECT_NO_THROW(fast(r, P.idx));
+  fk[40] = NAN;
+  EXPECT_THROW(fast(r, P.idx), focus::Error);
+  fk[40] = 0.f;
+  fq[3] = INFINITY;
+  EXPECT_THROW(fast(r, P.idx), focus::Error);
+  fq[3] = 0.f;
+  std::fill(qb.begin(), qb.end(), -1);
+  r.block_size = 16;
+  r.kb = 2;
+  r.query_blocks = qb.data();
   EXPECT_THROW(fast(r, P.idx), focus::Error);
   // An index of another routing, or too short.
   GroupedKeyIndex other;

@@ -151,10 +151,9 @@ std::string mean_budget(const std::vector<std::vector<int64_t>>& k) {
 }  // namespace
 
 void Loaded::check_decodes(const char* what) const {
-  FOCUS_CHECK(!focus || focus->settings.mode != FocusMode::Hard || !(focus->settings.group_bias || focus->settings.far_bias),
-              what,
-              ": routers with group weights or far-pair terms score whole windows from position 0 (focus eval); "
-              "decoding from a KV cache needs per-pair weights in the grouped kernels, which are not built");
+  FOCUS_CHECK(!focus || focus->settings.mode != FocusMode::Hard || !focus->settings.group_bias, what,
+              ": routers with group weights score whole windows from position 0 (focus eval); decoding from a KV "
+              "cache needs group weights in the grouped kernels, which are not built");
 }
 
 std::string describe_focus(const FocusRouters* f) {

@@ -200,6 +200,7 @@ struct KeyRoutingState final : AttentionState {
   std::vector<int64_t> load;                    // [RH, G] keys at or after the sinks in each group
   cpu::GroupedKeyIndex index;
   std::unique_ptr<BlockTopKState> blocks;  // the hybrid pattern's positional blocks, or null
+  std::vector<std::vector<float>> far_k;   // [RH][len] the keys' far-pair terms (far_bias), else empty
   int64_t len() const { return (int64_t)key_group[0].size(); }
   void truncate(int64_t n) override {
     if (blocks) blocks->truncate(n);
@@ -208,6 +209,7 @@ struct KeyRoutingState final : AttentionState {
     for (int64_t r = 0; r < route_heads; ++r) {
       for (int64_t j = std::max(n, sinks); j < old; ++j) load[r * groups + key_group[r][j]]--;
       key_group[r].resize(n);
+      if (!far_k.empty()) far_k[r].resize(n);
     }
     index.truncate(n);
   }
@@ -440,10 +442,12 @@ class AsymmetricFocusAttention final : public AttentionPolicy {
       if (fs_.blocks > 0) {
         ks->blocks = std::make_unique<BlockTopKState>(fs_.block_size, a.cfg->kv_heads, a.cfg->head_dim);
       }
+      if (fs_.far_bias) ks->far_k.resize(RH);
       state = std::move(ks);
     }
     auto* ks = dynamic_cast<KeyRoutingState*>(state.get());
     FOCUS_CHECK(ks && ks->route_heads == RH && ks->len() == a.pos0 && (fs_.blocks > 0) == (ks->blocks != nullptr) &&
+                    fs_.far_bias == !ks->far_k.empty() &&
                     (!ks->blocks || (ks->blocks->len() == a.pos0 && ks->blocks->block == fs_.block_size)),
                 "forward: the KV cache of layer ", a.layer,
                 " was filled by another attention policy or holds another length");
@@ -453,9 +457,8 @@ class AsymmetricFocusAttention final : public AttentionPolicy {
     // (a key's group depends on the keys before it only: causal).
     std::vector<int32_t> kg(RH * T);  // [RH, T]
     std::vector<float> in, pk, pq;    // with group weights: the routers' softmax [RH, T, G]
-    const bool weighted = fs_.group_bias || fs_.far_bias;
-    FOCUS_CHECK(!weighted || a.pos0 == 0, "Focus with group weights or far-pair terms runs whole windows from position 0 (layer ",
-                a.layer, "): the grouped kernels that decode from a cache have no per-pair weights");
+    FOCUS_CHECK(!fs_.group_bias || a.pos0 == 0, "Focus with group weights runs whole windows from position 0 (layer ",
+                a.layer, "): the grouped kernels that decode from a cache have no group weights");
     if (fs_.group_bias) {
       pk.resize(RH * T * G);
       pq.resize(RH * T * G);
@@ -466,6 +469,11 @@ class AsymmetricFocusAttention final : public AttentionPolicy {
       if (fs_.group_bias) std::copy(kc.p.begin(), kc.p.end(), pk.begin() + r * T * G);
       assign_keys(fs_, kc.s.data(), rp_[r].bias.data(), a.pos0, T, ks->load.data() + r * G, kg.data() + r * T);
       ks->key_group[r].insert(ks->key_group[r].end(), kg.begin() + r * T, kg.begin() + (r + 1) * T);
+      if (fs_.far_bias) {
+        std::vector<float>& fk = ks->far_k[r];
+        fk.resize(a.pos0 + T);
+        router_far_bias(rp_[r], a.xn, T, RouterSide::Key, fk.data() + a.pos0);
+      }
     }
     ks->index.append(kg.data(), T);
 
@@ -515,9 +523,22 @@ class AsymmetricFocusAttention final : public AttentionPolicy {
       routing.block_size = fs_.block_size;
       routing.query_blocks = qb.data();
     }
-    if (weighted) {
-      // The pattern's pairs with their weights, through the soft kernel (dense work) as training
-      // computes them; the pair count below is the pattern's.
+    // Far-pair terms without group weights: the queries' terms [RH, T] beside the keys' in the state.
+    std::vector<float> far_q;
+    std::vector<const float*> far_qp, far_kp;
+    if (fs_.far_bias && !fs_.group_bias) {
+      far_q.resize(RH * T);
+      for (int64_t r = 0; r < RH; ++r) {
+        router_far_bias(rp_[r], a.xn, T, RouterSide::Query, far_q.data() + r * T);
+        far_qp.push_back(far_q.data() + r * T);
+        far_kp.push_back(ks->far_k[r].data());
+      }
+      routing.far_q = far_qp.data();
+      routing.far_k = far_kp.data();
+    }
+    if (fs_.group_bias) {
+      // The pattern's pairs with their weights (and far-pair terms), through the soft kernel (dense
+      // work) as training computes them; the pair count below is the pattern's.
       std::vector<float> mk(RH * T * G, 0.f), mq(RH * T * G, 0.f), eq(T), ek(T);
       for (int64_t r = 0; r < RH; ++r) {
         set_memberships(T, G, kg.data() + r * T, top.data() + r * T * k, k,

@@ -64,6 +64,20 @@ void check_routing(const AttnShape& s, const GroupedRouting& r) {
   FOCUS_CHECK(r.kq >= 1, "grouped attention: kq must be >= 1, got ", r.kq);
   FOCUS_CHECK(s.n_q == 0 || r.query_groups, "grouped attention: no query_groups");
   if (s.n_q > 0) check_slot_lists(s, r.query_groups, r.kq, r.n_groups, "group");
+  FOCUS_CHECK(!r.far_q == !r.far_k, "grouped attention: far-pair terms need both far_q and far_k");
+  if (r.far_q) {
+    FOCUS_CHECK(r.kb == 0, "grouped attention: far-pair terms with positional blocks are not supported");
+    for (int64_t rh = 0; rh < r.route_heads; ++rh) {
+      FOCUS_CHECK((s.n_q == 0 || r.far_q[rh]) && (s.n_kv == 0 || r.far_k[rh]),
+                  "grouped attention: no far-pair terms for routing head ", rh);
+      for (int64_t t = 0; t < s.n_q; ++t)
+        FOCUS_CHECK(std::isfinite(r.far_q[rh][t]), "grouped attention: far-pair term of row ", t, " (routing head ",
+                    rh, ") is ", r.far_q[rh][t]);
+      for (int64_t j = 0; j < s.n_kv; ++j)
+        FOCUS_CHECK(std::isfinite(r.far_k[rh][j]), "grouped attention: far-pair term of key ", j,
+                    " (routing head ", rh, ") is ", r.far_k[rh][j]);
+    }
+  }
   if (r.kb == 0) return;
   FOCUS_CHECK(r.kb > 0 && r.block_size >= 1, "grouped attention: kb ", r.kb, " and block_size ", r.block_size,
               " must be positive");
@@ -184,10 +198,12 @@ struct PackedKeys {
   std::vector<int64_t> tile_off;  // [G + 1] first tile of each group
   std::vector<int64_t> a0;        // [G] first member of the group at a position >= sinks
   std::vector<int32_t> slot_pos;  // [tiles * kBk] key position at each slot, -1 for padding
+  std::vector<float> slot_far;    // [tiles * kBk] far-pair term of each slot's key (with far terms)
   FloatBuffer kt, v;              // [tiles][hdp][kBk] transposed keys, [tiles][kBk][hdp] values
 
-  // Members at positions S .. last (the last position any row reads beyond its window).
-  void build(const GroupedKeyIndex& idx, int64_t r, int64_t S, int64_t last, int64_t hdp_) {
+  // Members at positions S .. last (the last position any row reads beyond its window); far_k:
+  // the routing head's far-pair terms of the keys, or null.
+  void build(const GroupedKeyIndex& idx, int64_t r, int64_t S, int64_t last, int64_t hdp_, const float* far_k) {
     const int64_t G = idx.n_groups;
     hdp = hdp_;
     tile_off.assign(G + 1, 0);
@@ -205,6 +221,11 @@ struct PackedKeys {
     slot_pos.assign(n_tiles * kBk, -1);
     for (int64_t g = 0; g < G; ++g)
       std::copy_n(idx.group(r, g).begin() + a0[g], len[g], slot_pos.begin() + tile_off[g] * kBk);
+    slot_far.clear();
+    if (far_k) {
+      slot_far.resize(slot_pos.size());
+      for (size_t x = 0; x < slot_pos.size(); ++x) slot_far[x] = slot_pos[x] < 0 ? 0.f : far_k[slot_pos[x]];
+    }
     kt.resize(std::max<int64_t>(1, n_tiles) * hdp * kBk);
     v.resize(std::max<int64_t>(1, n_tiles) * kBk * hdp);
   }
@@ -331,8 +352,10 @@ thread_local Scratch tl_scratch;
 
 // One item: the item's rows against the packed keys of their group, each row seeing a prefix of
 // them; the partial state goes to the row's slot.
+// With far-pair terms (add: a [kBq][kBk] scratch tile) each key's term is added to its scores, and
+// the row's term to the slot's log-sum-exp.
 void run_item(QueryTile& qt, RowSpan* spans, const Item& it, const RowLists& L, const PackedKeys& P, const float* q,
-              const AttnShape& s, const GroupedRouting& r, int64_t kvh, float* slot_o, float* slot_lse) {
+              const AttnShape& s, const GroupedRouting& r, int64_t kvh, float* slot_o, float* slot_lse, float* add) {
   const int64_t hd = s.head_dim, hpk = s.heads / s.kv_heads, h = kvh * hpk + it.hl;
   const RowRef* rows = L.rows.data() + it.b;
   const int n = (int)(it.e - it.b);
@@ -347,11 +370,20 @@ void run_item(QueryTile& qt, RowSpan* spans, const Item& it, const RowLists& L, 
       spans[i] = RowSpan{};
       spans[i].hi0 = (int)std::min<int64_t>(kBk, rows[i].cut - j0);
     }
-    qt.visit(P.kt_tile(tile0 + lt), P.v_tile(tile0 + lt), P.hdp, r0, n, spans, nullptr);
+    if (P.slot_far.empty()) {
+      qt.visit(P.kt_tile(tile0 + lt), P.v_tile(tile0 + lt), P.hdp, r0, n, spans, nullptr);
+      continue;
+    }
+    const float* far = P.slot_far.data() + (tile0 + lt) * kBk;
+    for (int i = r0; i < n; ++i) std::copy_n(far, kBk, add + i * kBk);
+    qt.visit<ExpMode::FastWhenFull, true>(P.kt_tile(tile0 + lt), P.v_tile(tile0 + lt), P.hdp, r0, n, spans, nullptr,
+                                          add);
   }
+  const float* far_q = r.far_q ? r.far_q[route_of(s, r, h)] : nullptr;
   for (int i = 0; i < n; ++i) {
     const int64_t x = ((int64_t)rows[i].t * hpk + it.hl) * r.kq + rows[i].slot;
     qt.store_row(i, slot_o + x * hd, hd, slot_lse + x);
+    if (far_q) slot_lse[x] += far_q[rows[i].t];
   }
 }
 
@@ -383,7 +415,7 @@ void tiled_attention(const float* q, const float* k, const float* v, float* o, f
       if ((int64_t)sc.packed.size() < r_last - r_first + 1) sc.packed.resize(r_last - r_first + 1);
       int64_t tiles = 0;
       for (int64_t rh = r_first; rh <= r_last; ++rh) {
-        sc.packed[rh - r_first].build(idx, rh, s.sinks, last, hdp);
+        sc.packed[rh - r_first].build(idx, rh, s.sinks, last, hdp, r.far_k ? r.far_k[rh] : nullptr);
         tiles += sc.packed[rh - r_first].n_tiles;
       }
       L.build(s, r, sc.packed, kvh, r_first);
@@ -399,11 +431,12 @@ void tiled_attention(const float* q, const float* k, const float* v, float* o, f
         }
         QueryTile qt(hdp);
         RowSpan spans[kBq];
+        AlignedFloats add(r.far_q ? kBq * kBk : 0);
 #pragma omp for schedule(dynamic, 1)
         for (size_t i = 0; i < L.items.size(); ++i) {
           const Item& it = L.items[i];
           const PackedKeys& P = packed[route_of(s, r, kvh * hpk + it.hl) - r_first];
-          run_item(qt, spans, it, L, P, q, s, r, kvh, so, sl);
+          run_item(qt, spans, it, L, P, q, s, r, kvh, so, sl, add.data());
         }
         // The window part first, then the slots in order: a fixed order, whoever ran the items.
 #pragma omp for schedule(static)
@@ -432,11 +465,14 @@ void tiled_attention(const float* q, const float* k, const float* v, float* o, f
 // small chunks), every (row, head, slice) is a task and the group part is gathered too: too few
 // rows to fill a query tile.
 
+// The keys of (row t, head h): the sinks, the members of its groups beyond the window (keys
+// [*g0, *g1), when g0 is given), then the window.
 void row_keys(const AttnShape& s, const GroupedRouting& r, const GroupedKeyIndex& idx, int64_t t, int64_t h,
-              bool with_groups, std::vector<int32_t>& keys) {
+              bool with_groups, std::vector<int32_t>& keys, int64_t* g0 = nullptr, int64_t* g1 = nullptr) {
   keys.clear();
   const int64_t p = s.q_pos0 + t, lo = std::max<int64_t>(0, p - s.local_window + 1);
   for (int64_t j = 0; j < std::min(s.sinks, lo); ++j) keys.push_back((int32_t)j);
+  if (g0) *g0 = (int64_t)keys.size();
   if (with_groups && lo > s.sinks) {
     const int32_t* gs = r.query_groups + (t * s.heads + h) * r.kq;
     for (int c = 0; c < r.kq; ++c) {
@@ -446,6 +482,7 @@ void row_keys(const AttnShape& s, const GroupedRouting& r, const GroupedKeyIndex
       keys.insert(keys.end(), a, std::lower_bound(a, m.end(), (int32_t)lo));
     }
   }
+  if (g1) *g1 = (int64_t)keys.size();
   for (int64_t j = lo; j <= p; ++j) keys.push_back((int32_t)j);
 }
 
@@ -489,8 +526,9 @@ float merge_slices(const float* parts, int64_t slices, int64_t hd, float* out) {
 // router per layer or per kv head) form one unit, computed together so that each key and value
 // row is loaded once for them; otherwise each (row, head) is its own unit. With blocks, a unit's
 // keys are its groups' plus the union of its heads' block keys, each hidden (a bias of -inf) from
-// the heads that do not read it. Every (unit, slice) is a task, so one long row fills the threads;
-// the slices are merged in order per head.
+// the heads that do not read it. With far-pair terms, the group keys carry them as a bias (the heads
+// of a unit share one routing head, so one term). Every (unit, slice) is a task, so one long row
+// fills the threads; the slices are merged in order per head.
 template <class E>
 void gathered_decode(const float* q, const E* k, const E* v, float* o, float* lse, const AttnShape& s,
                      const GroupedRouting& r, const GroupedKeyIndex& idx, bool with_groups) {
@@ -510,13 +548,24 @@ void gathered_decode(const float* q, const E* k, const E* v, float* o, float* ls
     }
   const int64_t U = (int64_t)units.size();
   std::vector<std::vector<int32_t>> keys(U);
-  std::vector<std::vector<float>> bias(U);  // [slices, nh, kSlice] when the unit's heads read different blocks
+  // [slices, nh, kSlice] when the unit's heads read different blocks or with far-pair terms
+  std::vector<std::vector<float>> bias(U);
   std::vector<int64_t> first(U + 1, 0), part_off(U + 1, 0);
   for (int64_t u = 0; u < U; ++u) {
     const Unit& un = units[u];
-    row_keys(s, r, idx, un.t, un.h0, with_groups, keys[u]);
+    int64_t g0 = 0, g1 = 0;
+    row_keys(s, r, idx, un.t, un.h0, with_groups, keys[u], &g0, &g1);
     if (with_groups && r.kb > 0) add_unit_block_keys(s, r, idx, un.t, un.h0, un.nh, keys[u], bias[u]);
     const int64_t slices = ((int64_t)keys[u].size() + kSlice - 1) / kSlice;
+    if (with_groups && r.far_q && g1 > g0) {  // (no blocks with far terms: check_routing)
+      const int64_t rh = route_of(s, r, un.h0);
+      const float eq = r.far_q[rh][un.t];
+      const float* ek = r.far_k[rh];
+      bias[u].assign(slices * un.nh * kSlice, 0.f);
+      for (int64_t m = g0; m < g1; ++m)
+        for (int64_t hh = 0; hh < un.nh; ++hh)
+          bias[u][((m / kSlice) * un.nh + hh) * kSlice + m % kSlice] = eq + ek[keys[u][m]];
+    }
     first[u + 1] = first[u] + slices;
     part_off[u + 1] = part_off[u] + slices * units[u].nh * part;
   }
@@ -704,15 +753,18 @@ void grouped_attention_reference(const float* q, const float* k, const float* v,
       };
       const float* qr = q + t * s.q_stride + h * hd;
       const int64_t kvh = h / hpk;
+      const int64_t rh = route_of(s, r, h);
       double mx = -INFINITY;
       for (int64_t j = 0; j <= p; ++j) {
-        const bool vis = p - j < s.local_window || j < s.sinks || reads(r, slots, kg[j]) || in_block(j);
+        const bool near = p - j < s.local_window || j < s.sinks;
+        const bool vis = near || reads(r, slots, kg[j]) || in_block(j);
         sc[j] = -INFINITY;
         if (!vis) continue;
         const float* kr = k + j * s.kv_stride + kvh * hd;
         double d = 0;
         for (int64_t y = 0; y < hd; ++y) d += (double)qr[y] * kr[y];
         sc[j] = d * s.scale;
+        if (r.far_q && !near) sc[j] += (double)r.far_q[rh][t] + (double)r.far_k[rh][j];
         mx = std::max(mx, sc[j]);
       }
       std::fill(acc.begin(), acc.end(), 0.0);

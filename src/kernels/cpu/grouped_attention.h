@@ -34,12 +34,18 @@ struct GroupedRouting {
   int64_t block_size = 0;                 // B >= 1 when kb > 0
   int kb = 0;                             // block slots per (query row, query head); 0: no blocks
   const int32_t* query_blocks = nullptr;  // [n_q, heads, kb]: block ids, -1 unused, used ids distinct
+  // Optional far-pair terms (routers with a learned weighting of the far keys read): a pair visible
+  // through a group only (j >= sinks and p - j >= local_window) of a query head of routing head r
+  // scores scale * q.k + far_q[r][t] + far_k[r][j]. Both set or neither; finite; not with blocks.
+  const float* const* far_q = nullptr;  // [RH] rows of n_q floats: the terms of this call's rows
+  const float* const* far_k = nullptr;  // [RH] rows of n_kv floats: the terms of keys 0 .. n_kv-1
 };
 
 // The pattern. Query row t has position p = s.q_pos0 + t; pair (t, j) is visible for head h iff
 // j <= p and (p - j < s.local_window or j < s.sinks or key_group[r(h)][j] is one of
 // query_groups[t][h][0 .. kq) or j / block_size is one of query_blocks[t][h][0 .. kb)). A key in both
-// a read group and a read block counts once. s.sliding_window must be 0 and s.local_window >= 1, so every row
+// a read group and a read block counts once. With far-pair terms, a pair seen through a group only
+// adds far_q[r(h)][t] + far_k[r(h)][j] to its scaled score. s.sliding_window must be 0 and s.local_window >= 1, so every row
 // sees itself. o = softmax of the scaled scores over the visible keys, times v; lse[h, t] = the
 // natural log-sum-exp of the visible scaled scores. GQA: query head h reads kv head
 // h / (heads / kv_heads).

@@ -586,9 +586,19 @@ TEST(GroupedAttention, BadIdsThrow) {
   EXPECT_THROW(fast(r, P.idx), focus::Error);
   r.far_k = &fkp;
   EXPECT_NO_THROW(fast(r, P.idx));
-  fk[40] = NAN;
+  std::fill(fk.begin(), fk.end(), NAN);  // (a key's term is checked where a row reads it)
   EXPECT_THROW(fast(r, P.idx), focus::Error);
-  fk[40] = 0.f;
+  AttnShape one = P.s;  // decoding: the last row alone
+  one.q_pos0 = c.n - 1;
+  one.n_q = 1;
+  GroupedRouting rl = r;
+  rl.query_groups = P.query_groups.data() + (c.n - 1) * c.heads * c.kq;
+  const float* fq_last = fq.data() + c.n - 1;
+  rl.far_q = &fq_last;
+  EXPECT_THROW(focus::cpu::grouped_attention(P.q.data() + (c.n - 1) * P.s.q_stride, P.k.data(), P.v.data(), o.o.data(),
+                                             o.lse.data(), one, rl, P.idx),
+               focus::Error);
+  std::fill(fk.begin(), fk.end(), 0.f);
   fq[3] = INFINITY;
   EXPECT_THROW(fast(r, P.idx), focus::Error);
   fq[3] = 0.f;

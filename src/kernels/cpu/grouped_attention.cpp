@@ -73,9 +73,7 @@ void check_routing(const AttnShape& s, const GroupedRouting& r) {
       for (int64_t t = 0; t < s.n_q; ++t)
         FOCUS_CHECK(std::isfinite(r.far_q[rh][t]), "grouped attention: far-pair term of row ", t, " (routing head ",
                     rh, ") is ", r.far_q[rh][t]);
-      for (int64_t j = 0; j < s.n_kv; ++j)
-        FOCUS_CHECK(std::isfinite(r.far_k[rh][j]), "grouped attention: far-pair term of key ", j,
-                    " (routing head ", rh, ") is ", r.far_k[rh][j]);
+      // (The keys' terms are checked where they are read: a decoding step does not pass over the cache.)
     }
   }
   if (r.kb == 0) return;
@@ -224,7 +222,11 @@ struct PackedKeys {
     slot_far.clear();
     if (far_k) {
       slot_far.resize(slot_pos.size());
-      for (size_t x = 0; x < slot_pos.size(); ++x) slot_far[x] = slot_pos[x] < 0 ? 0.f : far_k[slot_pos[x]];
+      for (size_t x = 0; x < slot_pos.size(); ++x) {
+        slot_far[x] = slot_pos[x] < 0 ? 0.f : far_k[slot_pos[x]];
+        FOCUS_CHECK(std::isfinite(slot_far[x]), "grouped attention: far-pair term of key ", slot_pos[x],
+                    " (routing head ", r, ") is ", slot_far[x]);
+      }
     }
     kt.resize(std::max<int64_t>(1, n_tiles) * hdp * kBk);
     v.resize(std::max<int64_t>(1, n_tiles) * kBk * hdp);
@@ -562,9 +564,12 @@ void gathered_decode(const float* q, const E* k, const E* v, float* o, float* ls
       const float eq = r.far_q[rh][un.t];
       const float* ek = r.far_k[rh];
       bias[u].assign(slices * un.nh * kSlice, 0.f);
-      for (int64_t m = g0; m < g1; ++m)
-        for (int64_t hh = 0; hh < un.nh; ++hh)
-          bias[u][((m / kSlice) * un.nh + hh) * kSlice + m % kSlice] = eq + ek[keys[u][m]];
+      for (int64_t m = g0; m < g1; ++m) {
+        const float e = ek[keys[u][m]];
+        FOCUS_CHECK(std::isfinite(e), "grouped attention: far-pair term of key ", keys[u][m], " (routing head ", rh,
+                    ") is ", e);
+        for (int64_t hh = 0; hh < un.nh; ++hh) bias[u][((m / kSlice) * un.nh + hh) * kSlice + m % kSlice] = eq + e;
+      }
     }
     first[u + 1] = first[u] + slices;
     part_off[u + 1] = part_off[u] + slices * units[u].nh * part;

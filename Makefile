@@ -38,12 +38,12 @@ check-package: build
 bench: build
 	$(BUILD)/focus_bench --json $(BUILD)/bench.json
 
-# The malformed-input suite against the command-line binary built on the sanitized library of
-# the fuzzing build (clang, AddressSanitizer + UBSan; scripts/fuzz.sh 0 builds it, fuzzing nothing).
-test-asan: build-tests
+# The whole test suite under AddressSanitizer + UBSan: the tests and the command-line binary on the
+# sanitized library of the fuzzing build (clang -O1; scripts/fuzz.sh 0 builds it, fuzzing nothing),
+# two shards side by side (scripts/test_asan.sh).
+test-asan:
 	bash scripts/fuzz.sh 0
-	FOCUS_DATA=$(DATA) FOCUS_BIN=$(abspath build-fuzz/focus_san) ASAN_OPTIONS=detect_leaks=1 \
-	  $(BUILD)/focus_tests --gtest_filter='BadInputs.*'
+	bash scripts/test_asan.sh $(DATA)
 
 clean:
 	rm -rf $(BUILD) build-fuzz

@@ -88,7 +88,10 @@ void quantize_row_generic(const float* x, int64_t K, int8_t* q, float* d, int32_
     const float db = amax / 127.f;
     int32_t s0 = 0, s1 = 0;
     for (int i = 0; i < 32; ++i) {
-      const int v = db > 0.f ? (int)std::nearbyint(x[i] / db) : 0;
+      // A non-finite x (its row's scales become NaN in quantize_rows) gives 0: converting NaN or
+      // an infinity to int is undefined.
+      const float r = db > 0.f ? x[i] / db : 0.f;
+      const int v = std::isfinite(r) ? (int)std::nearbyint(r) : 0;
       q[i] = (int8_t)v;
       (i < 16 ? s0 : s1) += v;
     }
@@ -124,7 +127,8 @@ void quantize_rows(const float* x, int64_t M, int64_t K, ActLayout layout, ActLa
         continue;
       }
       const float d = d32[b];
-      s32[b] = d * (float)(sum16[2 * b] + sum16[2 * b + 1]);
+      // (In 64 bits: a non-finite row's sums are garbage from the vector conversions, its d NaN.)
+      s32[b] = d * (float)((int64_t)sum16[2 * b] + sum16[2 * b + 1]);
       d16[2 * b] = d16[2 * b + 1] = d;
       s16[2 * b] = d * (float)sum16[2 * b];
       s16[2 * b + 1] = d * (float)sum16[2 * b + 1];

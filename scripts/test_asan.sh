@@ -38,6 +38,7 @@ for ((i = 0; i < SHARDS; i++)); do
     tail -n 60 "$LOGS/shard$i.log" >&2
   fi
 done
-passed=$(cat "$LOGS"/shard*.log | grep -Eo '^\[  PASSED  \] [0-9]+' | awk '{s += $3} END {print s + 0}')
+passed=$(cat "$LOGS"/shard*.log | sed -nE 's/^\[  PASSED  \] ([0-9]+) tests?\..*/\1/p' | awk '{s += $1} END {print s + 0}')
 [ "$failed" = 0 ] || { echo "test_asan.sh: FAILED under ASan + UBSan (filter $FILTER)" >&2; exit 1; }
+[ "$passed" -gt 0 ] || { echo "test_asan.sh: no test passed (filter $FILTER)" >&2; exit 1; }
 echo "test_asan.sh: $passed tests passed under ASan + UBSan in $SHARDS shards, no sanitizer report, $(( $(date +%s) - start )) s (filter $FILTER)"

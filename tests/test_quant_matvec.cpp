@@ -22,6 +22,7 @@
 
 #include "core/threads.h"
 #include "io/ggml_types.h"
+#include "kernels/cpu/ops.h"
 #include "kernels/cpu/quant_matvec.h"
 #include "kernels/cpu/weight.h"
 
@@ -421,6 +422,53 @@ TEST(QuantGemmLogSoftmax, EqualsLogSoftmaxOfTheGemmLogits) {
         EXPECT_TRUE(std::isnan(lp[1]));
         EXPECT_TRUE(std::isfinite(lp[0]));
       }
+    }
+  }
+}
+
+// The float path of scoring (linear_log_prob: tiles of the weight dequantised once, chunks of rows
+// through sgemm, per-tile maxima and sums merged) against the float64 log-softmax of linear()'s
+// float32 logits: several tiles with a partial last one, one and several row chunks, targets in every
+// tile; on 1 and 3 threads (sgemm's rounding may depend on its threads); a NaN row gives NaN alone; a bad target is refused.
+TEST(LinearLogProb, EqualsLogSoftmaxOfTheLinearLogits) {
+  std::mt19937 rng(777);
+  for (GGMLType t : {GGMLType::Q8_0, GGMLType::Q4_1, GGMLType::F32}) {
+    const int64_t rows = t == GGMLType::F32 ? 2 * 4096 + 29 : 2 * 8192 + 37, cols = 256;
+    const std::vector<uint8_t> bytes = random_weight(t, rows, cols, rng);
+    const Weight W{t, rows, cols, bytes.data()};
+    for (int64_t M : {1, 300}) {
+      std::vector<float> x = random_x(M, cols, rng);
+      for (float& v : x) v *= 4.f;
+      std::vector<int32_t> tg(M);
+      for (int64_t m = 0; m < M; ++m) tg[m] = (int32_t)((m * 7919 + 5) % rows);
+      tg[0] = (int32_t)rows - 1;  // in the partial last tile
+      std::vector<float> logits((size_t)(M * rows)), wf((size_t)(rows * cols));
+      focus::dequantize_rows(W, 0, rows, wf.data());
+      cpu::linear(x.data(), wf.data(), nullptr, logits.data(), M, cols, rows);
+      std::vector<double> lp(M), lp1(M);
+      const int saved = focus::num_threads();
+      focus::set_threads(3);
+      cpu::linear_log_prob(x.data(), W, M, tg.data(), lp.data());
+      focus::set_threads(1);
+      cpu::linear_log_prob(x.data(), W, M, tg.data(), lp1.data());
+      focus::set_threads(saved);
+      for (int64_t m = 0; m < M; ++m) {
+        const float* row = logits.data() + m * rows;
+        double mx = row[0], s = 0;
+        for (int64_t n = 0; n < rows; ++n) mx = std::max(mx, (double)row[n]);
+        for (int64_t n = 0; n < rows; ++n) s += std::exp((double)row[n] - mx);
+        const double ref = (double)row[tg[m]] - mx - std::log(s);
+        ASSERT_NEAR(lp[m], ref, 2e-6 * (1 + std::fabs(ref))) << focus::io::type_name(t) << " M " << M << " row " << m;
+        ASSERT_NEAR(lp1[m], ref, 2e-6 * (1 + std::fabs(ref))) << "1 thread, row " << m;
+      }
+      if (M > 1) {
+        x[cols + 3] = NAN;  // row 1
+        cpu::linear_log_prob(x.data(), W, M, tg.data(), lp.data());
+        EXPECT_TRUE(std::isnan(lp[1]));
+        EXPECT_TRUE(std::isfinite(lp[0]) && std::isfinite(lp[2]));
+      }
+      tg[M - 1] = (int32_t)rows;
+      EXPECT_THROW(cpu::linear_log_prob(x.data(), W, M, tg.data(), lp.data()), std::exception);
     }
   }
 }

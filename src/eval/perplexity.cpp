@@ -16,12 +16,12 @@ double PplResult::ppl() const { return std::exp(nll()); }
 namespace {
 
 // Sum of -log p(targets[t]) over the rows t >= row0 with a target; hidden holds rows row0 ..
-// (final-normed states). A quantised output matrix under the integer prefill GEMM is scored by
-// the fused kernel (quant_gemm_log_softmax: the same logits, never all in memory) in chunks of
-// 4096 rows; otherwise logits are made in row chunks of 64.
+// (final-normed states), in chunks of 4096 rows, by a kernel that never holds all the logits: the
+// integer GEMM's (quant_gemm_log_softmax) for a quantised output matrix under the integer prefill
+// GEMM, else linear_log_prob (each tile of the matrix dequantised once, multiplied through sgemm).
 double score_rows(const Model& m, const float* hidden, int64_t row0, const std::vector<int32_t>& targets,
                   int64_t* scored) {
-  const int64_t T = (int64_t)targets.size(), D = m.cfg.dim, V = m.cfg.vocab;
+  const int64_t T = (int64_t)targets.size(), D = m.cfg.dim;
   std::vector<int64_t> rows;
   for (int64_t t = row0; t < T; ++t)
     if (targets[t] >= 0) rows.push_back(t);
@@ -32,34 +32,22 @@ double score_rows(const Model& m, const float* hidden, int64_t row0, const std::
     nll -= lp;
   };
   if (scored) *scored = (int64_t)rows.size();
-  if (!rows.empty() && cpu::prefill_gemm() == cpu::PrefillGemm::Int8 && cpu::quant_gemm_supported(m.w.lm_head)) {
-    const int64_t big = 4096;
-    std::vector<float> h;
-    std::vector<int32_t> tg;
-    std::vector<double> lp;
-    for (size_t r0 = 0; r0 < rows.size(); r0 += big) {
-      const int64_t n = std::min<int64_t>(big, (int64_t)rows.size() - (int64_t)r0);
-      h.resize(n * D);
-      tg.resize(n);
-      lp.resize(n);
-      for (int64_t i = 0; i < n; ++i) {
-        std::copy_n(hidden + (rows[r0 + i] - row0) * D, D, h.data() + i * D);
-        tg[i] = targets[rows[r0 + i]];
-      }
-      cpu::quant_gemm_log_softmax(h.data(), m.w.lm_head, n, tg.data(), lp.data());
-      for (int64_t i = 0; i < n; ++i) add(lp[i], rows[r0 + i]);
+  const bool int8 = cpu::prefill_gemm() == cpu::PrefillGemm::Int8 && cpu::quant_gemm_supported(m.w.lm_head);
+  const int64_t big = 4096;
+  std::vector<float> h;
+  std::vector<int32_t> tg;
+  std::vector<double> lp;
+  for (size_t r0 = 0; r0 < rows.size(); r0 += big) {
+    const int64_t n = std::min<int64_t>(big, (int64_t)rows.size() - (int64_t)r0);
+    h.resize(n * D);
+    tg.resize(n);
+    lp.resize(n);
+    for (int64_t i = 0; i < n; ++i) {
+      std::copy_n(hidden + (rows[r0 + i] - row0) * D, D, h.data() + i * D);
+      tg[i] = targets[rows[r0 + i]];
     }
-    return nll;
-  }
-  const int64_t chunk = 64;
-  std::vector<float> h(chunk * D), logits(chunk * V);
-  for (size_t r0 = 0; r0 < rows.size(); r0 += chunk) {
-    const int64_t n = std::min<int64_t>(chunk, (int64_t)rows.size() - (int64_t)r0);
-    for (int64_t i = 0; i < n; ++i) std::copy_n(hidden + (rows[r0 + i] - row0) * D, D, h.data() + i * D);
-    compute_logits(m, h.data(), n, logits.data());
-    std::vector<double> lp(n);
-#pragma omp parallel for schedule(static)
-    for (int64_t i = 0; i < n; ++i) lp[i] = cpu::log_prob(logits.data() + i * V, V, targets[rows[r0 + i]]);
+    if (int8) cpu::quant_gemm_log_softmax(h.data(), m.w.lm_head, n, tg.data(), lp.data());
+    else cpu::linear_log_prob(h.data(), m.w.lm_head, n, tg.data(), lp.data());
     for (int64_t i = 0; i < n; ++i) add(lp[i], rows[r0 + i]);
   }
   return nll;

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <vector>
 
 #include "core/error.h"
 #include "core/rng.h"
@@ -30,6 +31,43 @@ float dot(const float* a, const float* b, int64_t n) {
   for (int i = 0; i < kV; ++i) s += acc[0][i];
   for (; d < n; ++d) s += a[d] * b[d];
   return s;
+}
+
+// The projection r[i, a] = sum_d W[a, d] x[i, d] of rows i < n (W [dg, D], r [n, dg]). Each r[i, a]
+// is one float32 FMA chain over d in order, so a row's numbers do not depend on the rows done
+// with it (prefill and decoding route a token alike). Vectorised over a (W transposed into
+// wt [D, nv * kV], zero-padded), kNr rows at a time, so each W vector loaded serves kNr rows.
+template <int kNr>
+void project_rows(const float* wt, int64_t nv, const float* x, int64_t D, int64_t dg, float* r) {
+  for (int64_t c0 = 0; c0 < nv; c0 += 2) {
+    const int nc = nv - c0 >= 2 ? 2 : 1;
+    vf acc[kNr][2] = {};
+    const float* w = wt + c0 * kV;
+    for (int64_t d = 0; d < D; ++d, w += nv * kV) {
+      const vf w0 = load(w), w1 = nc == 2 ? load(w + kV) : vf{};
+      for (int j = 0; j < kNr; ++j) {
+        const vf xb = bcast(x[j * D + d]);
+        acc[j][0] = vfma(w0, xb, acc[j][0]);
+        if (nc == 2) acc[j][1] = vfma(w1, xb, acc[j][1]);
+      }
+    }
+    for (int j = 0; j < kNr; ++j)
+      for (int c = 0; c < nc; ++c)
+        for (int l = 0; l < kV && (c0 + c) * kV + l < dg; ++l) r[j * dg + (c0 + c) * kV + l] = acc[j][c][l];
+  }
+}
+
+void project(const float* W, const float* x, int64_t n, int64_t D, int64_t dg, float* r, bool par) {
+  const int64_t nv = (dg + kV - 1) / kV;
+  std::vector<float> wt((size_t)(D * nv * kV), 0.f);
+  for (int64_t a = 0; a < dg; ++a)
+    for (int64_t d = 0; d < D; ++d) wt[(size_t)(d * nv * kV + a)] = W[a * D + d];
+  constexpr int64_t kNr = 4;
+  const int64_t nb = n / kNr;
+  const float* const wp = wt.data();
+#pragma omp parallel for schedule(static) if (par)
+  for (int64_t b = 0; b < nb; ++b) project_rows<kNr>(wp, nv, x + b * kNr * D, D, dg, r + b * kNr * dg);
+  for (int64_t i = nb * kNr; i < n; ++i) project_rows<1>(wp, nv, x + i * D, D, dg, r + i * dg);
 }
 
 void check_config(const RouterConfig& c) {
@@ -104,10 +142,10 @@ void router_forward(const RouterParams& rp, const float* x, int64_t n, RouterCac
   }
 
   const bool par = n * D * dg > (1 << 18);  // threads only pay off on real sizes
+  project(W, x, n, D, dg, cache.r_hat.data(), par);
 #pragma omp parallel for schedule(static) if (par)
   for (int64_t i = 0; i < n; ++i) {
     float* u = cache.r_hat.data() + i * dg;  // r_i, then normalised in place
-    for (int64_t a = 0; a < dg; ++a) u[a] = dot(W + a * D, x + i * D, D);
     float n2 = 0.f;
     for (int64_t a = 0; a < dg; ++a) n2 += u[a] * u[a];
     const float nrm = std::max(std::sqrt(n2), kNormFloor);
@@ -222,6 +260,7 @@ void router_far_bias(const RouterParams& rp, const float* x, int64_t n, RouterSi
   const int64_t D = rp.cfg.dim;
   const float* f = rp.params.data() + rp.far_offset(side);
   const float b = f[D], inv = 1.f / std::sqrt((float)D);
+#pragma omp parallel for schedule(static) if (n * D > (1 << 18))
   for (int64_t i = 0; i < n; ++i)
     e[i] = std::clamp(kFarBiasGain * (dot(f, x + i * D, D) * inv + b), -kFarBiasLimit, kFarBiasLimit);
 }

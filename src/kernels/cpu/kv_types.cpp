@@ -35,6 +35,10 @@ void kv_store(const float* src, int64_t n, KvType t, void* dst) {
       _mm256_storeu_si256((__m256i*)(d + i),
                           _mm512_maskz_cvtps_ph((__mmask16)0xffff, _mm512_loadu_ps(src + i),
                                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+#elif defined(__F16C__) && defined(__AVX__)
+    for (; i + 8 <= n; i += 8)
+      _mm_storeu_si128((__m128i*)(d + i),
+                       _mm256_cvtps_ph(_mm256_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
 #endif
     for (; i < n; ++i) d[i] = io::fp32_to_fp16(src[i]);
   } else {

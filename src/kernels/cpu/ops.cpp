@@ -502,4 +502,52 @@ double log_prob(const float* logits, int64_t n, int64_t target) {
   return (double)logits[target] - mx - std::log(sum_exp(logits, n, mx));
 }
 
+void linear_log_prob(const float* x, const Weight& W, int64_t M, const int32_t* targets, double* lp) {
+  const int64_t K = W.cols, N = W.rows;
+  FOCUS_CHECK(W.data && M >= 0 && N >= 1, "linear_log_prob: bad shape");
+  for (int64_t m = 0; m < M; ++m)
+    FOCUS_CHECK(targets[m] >= 0 && targets[m] < N, "linear_log_prob: target ", targets[m], " of row ", m,
+                " outside [0, ", N, ")");
+  if (M == 0) return;
+  GemmTimer timer(2.0 * M * N * K);
+  constexpr int64_t kRowChunk = 256;
+  const int64_t R = W.is_f32() ? std::min<int64_t>(N, 4096) : tile_rows(W), nt = (N + R - 1) / R;
+  std::vector<float> tmax((size_t)(nt * M)), tgt((size_t)M);
+  std::vector<double> tsum((size_t)(nt * M));
+  std::vector<float> y((size_t)(std::min(kRowChunk, M) * R));
+  for (int64_t t = 0; t < nt; ++t) {
+    const int64_t n0 = t * R, n = std::min(R, N - n0);
+    const float* Wt = W.is_f32() ? W.f32_data() + n0 * K : dequantized_tile(W, n0, n);
+    for (int64_t m0 = 0; m0 < M; m0 += kRowChunk) {
+      const int64_t mc = std::min(kRowChunk, M - m0);
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)mc, (int)n, (int)K, 1.0f, x + m0 * K, (int)K, Wt,
+                  (int)K, 0.0f, y.data(), (int)n);
+      float* const yp = y.data();
+#pragma omp parallel for schedule(static) if (mc * n > 65536)
+      for (int64_t i = 0; i < mc; ++i) {
+        const float* row = yp + i * n;
+        const int64_t m = m0 + i;
+        const float mx = max_of(row, n);
+        tmax[(size_t)(t * M + m)] = mx;
+        tsum[(size_t)(t * M + m)] = sum_exp(row, n, mx);
+        if (targets[m] >= n0 && targets[m] < n0 + n) tgt[(size_t)m] = row[targets[m] - n0];
+      }
+    }
+  }
+  for (int64_t m = 0; m < M; ++m) {
+    float mx = -std::numeric_limits<float>::infinity();
+    bool nan = false;
+    for (int64_t t = 0; t < nt; ++t) {
+      const float v = tmax[(size_t)(t * M + m)];
+      nan = nan || std::isnan(v) || std::isnan(tsum[(size_t)(t * M + m)]);
+      mx = std::max(mx, v);
+    }
+    double s = 0;
+    for (int64_t t = 0; t < nt; ++t)
+      if (tmax[(size_t)(t * M + m)] > -std::numeric_limits<float>::infinity())
+        s += tsum[(size_t)(t * M + m)] * std::exp((double)tmax[(size_t)(t * M + m)] - mx);
+    lp[m] = nan ? std::numeric_limits<double>::quiet_NaN() : (double)tgt[(size_t)m] - mx - std::log(s);
+  }
+}
+
 }  // namespace focus::cpu

@@ -67,6 +67,11 @@ void add_inplace(float* x, const float* y, int64_t n);
 
 // Log-softmax of one row at `target`: logits[target] - logsumexp(logits).
 double log_prob(const float* logits, int64_t n, int64_t target);
+// log_softmax(x W^T)[m, targets[m]] into lp[m] for x [M, K] and a weight of any type, without
+// holding all M x N logits: each tile of W's rows is dequantised once and multiplied by every row
+// of x in chunks through sgemm, and the tiles' maxima and sums of exponentials are merged in order.
+// Targets outside [0, N) are refused.
+void linear_log_prob(const float* x, const Weight& W, int64_t M, const int32_t* targets, double* lp);
 // Its two passes: the largest of x[0 .. n) (NaN never wins; -inf for n == 0), and the sum of
 // exp(x[i] - shift) (float32 vector exponentials, summed in float64; NaN in, NaN out).
 float max_of(const float* x, int64_t n);

@@ -226,6 +226,29 @@ TEST(Router, KernelMatchesReference) {
   }
 }
 
+// A token's routing may not depend on the rows routed with it: prefill routes thousands of rows
+// at once, decoding one, a chunk a few. Scores are bitwise those of the token routed alone.
+TEST(Router, ScoresDoNotDependOnTheRowsRoutedTogether) {
+  for (const RouterCase rc : {RouterCase{576, 16, 16, 41, false}, RouterCase{37, 20, 4, 23, true},
+                              RouterCase{64, 5, 3, 18, false}}) {
+    SCOPED_TRACE(::testing::Message() << "D " << rc.D << " d_g " << rc.dg);
+    const RouterParams rp = make_router(rc, 31);
+    const VF x = randn(rc.n * rc.D, 32);
+    focus::RouterCache all;
+    focus::router_forward(rp, x.data(), rc.n, all);
+    for (int64_t i = 0; i < rc.n; ++i) {
+      focus::RouterCache one;
+      focus::router_forward(rp, x.data() + i * rc.D, 1, one);
+      for (int64_t g = 0; g < rc.G; ++g) ASSERT_EQ(one.s[g], all.s[i * rc.G + g]) << "row " << i << " group " << g;
+    }
+    for (int64_t i0 = 0; i0 + 5 <= rc.n; i0 += 5) {  // chunks of 5 rows
+      focus::RouterCache five;
+      focus::router_forward(rp, x.data() + i0 * rc.D, 5, five);
+      for (int64_t k = 0; k < 5 * rc.G; ++k) ASSERT_EQ(five.s[k], all.s[i0 * rc.G + k]) << "chunk at " << i0;
+    }
+  }
+}
+
 TEST(Router, TopKIsSortedAndMatchesBruteForce) {
   const int64_t n = 200, G = 8;
   const VF s = randn(n * G, 31), b = randn(G, 32);

@@ -36,7 +36,8 @@ float dot(const float* a, const float* b, int64_t n) {
 // The projection r[i, a] = sum_d W[a, d] x[i, d] of rows i < n (W [dg, D], r [n, dg]). Each r[i, a]
 // is one float32 FMA chain over d in order, so a row's numbers do not depend on the rows done
 // with it (prefill and decoding route a token alike). Vectorised over a (W transposed into
-// wt [D, nv * kV], zero-padded), kNr rows at a time, so each W vector loaded serves kNr rows.
+// wt [D, nv * kV], zero-padded), kNr rows at a time, so each W vector loaded serves kNr rows;
+// fewer than 16 rows run the same chains as scalars (project below).
 template <int kNr>
 void project_rows(const float* wt, int64_t nv, const float* x, int64_t D, int64_t dg, float* r) {
   for (int64_t c0 = 0; c0 < nv; c0 += 2) {
@@ -57,7 +58,28 @@ void project_rows(const float* wt, int64_t nv, const float* x, int64_t D, int64_
   }
 }
 
+// a * b + c rounded as vfma rounds each lane (one rounding where vfma uses FMA).
+inline float lane_fma(float a, float b, float c) {
+#if defined(__x86_64__) && defined(__FMA__)
+  return std::fma(a, b, c);
+#else
+  return a * b + c;
+#endif
+}
+
 void project(const float* W, const float* x, int64_t n, int64_t D, int64_t dg, float* r, bool par) {
+  if (n < 16) {  // decoding, small chunks: the same chains from W as it lies, no transposed copy
+    constexpr int64_t kA = 16;
+    for (int64_t i = 0; i < n; ++i)
+      for (int64_t a0 = 0; a0 < dg; a0 += kA) {
+        const int64_t na = std::min(kA, dg - a0);
+        float acc[kA] = {};
+        for (int64_t d = 0; d < D; ++d)
+          for (int64_t a = 0; a < na; ++a) acc[a] = lane_fma(W[(a0 + a) * D + d], x[i * D + d], acc[a]);
+        std::copy(acc, acc + na, r + i * dg + a0);
+      }
+    return;
+  }
   const int64_t nv = (dg + kV - 1) / kV;
   std::vector<float> wt((size_t)(D * nv * kV), 0.f);
   for (int64_t a = 0; a < dg; ++a)

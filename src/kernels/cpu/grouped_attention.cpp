@@ -550,9 +550,10 @@ void gathered_decode(const float* q, const E* k, const E* v, float* o, float* ls
     }
   const int64_t U = (int64_t)units.size();
   std::vector<std::vector<int32_t>> keys(U);
-  // [slices, nh, kSlice] when the unit's heads read different blocks or with far-pair terms
+  // [slices, nh, kSlice] when the unit's heads read different blocks (bias_hs kSlice); [slices,
+  // kSlice] with far-pair terms, one row for all the unit's heads (bias_hs 0)
   std::vector<std::vector<float>> bias(U);
-  std::vector<int64_t> first(U + 1, 0), part_off(U + 1, 0);
+  std::vector<int64_t> first(U + 1, 0), part_off(U + 1, 0), bias_hs(U, kSlice);
   for (int64_t u = 0; u < U; ++u) {
     const Unit& un = units[u];
     int64_t g0 = 0, g1 = 0;
@@ -563,12 +564,13 @@ void gathered_decode(const float* q, const E* k, const E* v, float* o, float* ls
       const int64_t rh = route_of(s, r, un.h0);
       const float eq = r.far_q[rh][un.t];
       const float* ek = r.far_k[rh];
-      bias[u].assign(slices * un.nh * kSlice, 0.f);
+      bias[u].assign(slices * kSlice, 0.f);
+      bias_hs[u] = 0;
       for (int64_t m = g0; m < g1; ++m) {
         const float e = ek[keys[u][m]];
         FOCUS_CHECK(std::isfinite(e), "grouped attention: far-pair term of key ", keys[u][m], " (routing head ", rh,
                     ") is ", e);
-        for (int64_t hh = 0; hh < un.nh; ++hh) bias[u][((m / kSlice) * un.nh + hh) * kSlice + m % kSlice] = eq + e;
+        bias[u][m] = eq + e;
       }
     }
     first[u + 1] = first[u] + slices;
@@ -585,10 +587,10 @@ void gathered_decode(const float* q, const E* k, const E* v, float* o, float* ls
       const Unit& un = units[u];
       const int64_t c = task - first[u], m0 = c * kSlice;
       const int64_t len = std::min<int64_t>(kSlice, (int64_t)keys[u].size() - m0), kvh = un.h0 / hpk;
-      const float* b = bias[u].empty() ? nullptr : bias[u].data() + c * un.nh * kSlice;
+      const float* b = bias[u].empty() ? nullptr : bias[u].data() + c * (bias_hs[u] ? un.nh : 1) * kSlice;
       heads_slice_partials(q + un.t * s.q_stride + un.h0 * hd, un.nh, k + kvh * hd, v + kvh * hd, s.kv_stride,
                            keys[u].data() + m0, b, len, hd, s.scale, sc.data(),
-                           parts.data() + part_off[u] + c * un.nh * part, part, kSlice);
+                           parts.data() + part_off[u] + c * un.nh * part, part, bias_hs[u]);
     }
   }
   for (int64_t u = 0; u < U; ++u) {

@@ -269,13 +269,11 @@ void relative_weight_grad(const float* p, const float* m, const float* dm, int64
   dp[a] = (float)to_a;
 }
 
-// Far-pair terms (settings.far_bias) of router rp over x [T, D]: eq, ek [T] (router_far_bias);
-// each query's memberships mq [T, G] are scaled by exp(eq), each key's mk [T, G] by exp(ek), so a
-// far pair read carries eq(i) + ek(j) in the kernel's log(sum_g mq mk + eps).
-void apply_far_bias(const RouterParams& rp, const float* x, int64_t T, int64_t G, float* eq, float* ek, float* mq,
-                    float* mk) {
-  router_far_bias(rp, x, T, RouterSide::Query, eq);
-  router_far_bias(rp, x, T, RouterSide::Key, ek);
+// Far-pair terms (settings.far_bias) eq, ek [T] on memberships: each query's mq [T, G] scaled by
+// exp(eq), each key's mk [T, G] by exp(ek), so a far pair read carries eq(i) + ek(j) in the
+// kernel's log(sum_g mq mk + eps). apply_far_bias computes the terms of router rp over x [T, D]
+// first (router_far_bias).
+void scale_by_far_terms(const float* eq, const float* ek, int64_t T, int64_t G, float* mq, float* mk) {
   for (int64_t i = 0; i < T; ++i) {
     const float fq = std::exp(eq[i]), fk = std::exp(ek[i]);
     for (int64_t g = 0; g < G; ++g) {
@@ -283,6 +281,12 @@ void apply_far_bias(const RouterParams& rp, const float* x, int64_t T, int64_t G
       mk[i * G + g] *= fk;
     }
   }
+}
+void apply_far_bias(const RouterParams& rp, const float* x, int64_t T, int64_t G, float* eq, float* ek, float* mq,
+                    float* mk) {
+  router_far_bias(rp, x, T, RouterSide::Query, eq);
+  router_far_bias(rp, x, T, RouterSide::Key, ek);
+  scale_by_far_terms(eq, ek, T, G, mq, mk);
 }
 
 // What the sparse training forward keeps: per router the key and query caches and the
@@ -539,13 +543,15 @@ class AsymmetricFocusAttention final : public AttentionPolicy {
     if (fs_.group_bias) {
       // The pattern's pairs with their weights (and far-pair terms), through the soft kernel (dense
       // work) as training computes them; the pair count below is the pattern's.
-      std::vector<float> mk(RH * T * G, 0.f), mq(RH * T * G, 0.f), eq(T), ek(T);
+      std::vector<float> mk(RH * T * G, 0.f), mq(RH * T * G, 0.f), eq(T);
       for (int64_t r = 0; r < RH; ++r) {
         set_memberships(T, G, kg.data() + r * T, top.data() + r * T * k, k,
                         fs_.group_bias ? pk.data() + r * T * G : nullptr, fs_.group_bias ? pq.data() + r * T * G : nullptr,
                         mk.data() + r * T * G, mq.data() + r * T * G);
-        if (fs_.far_bias)
-          apply_far_bias(rp_[r], a.xn, T, G, eq.data(), ek.data(), mq.data() + r * T * G, mk.data() + r * T * G);
+        if (fs_.far_bias) {  // the keys' terms are the state's (a whole window from position 0)
+          router_far_bias(rp_[r], a.xn, T, RouterSide::Query, eq.data());
+          scale_by_far_terms(eq.data(), ks->far_k[r].data(), T, G, mq.data() + r * T * G, mk.data() + r * T * G);
+        }
       }
       const cpu::SoftKeys keys{mk.data(), nullptr, RH};
       cpu::soft_attention_forward(a.q, a.k, a.v, mq.data(), a.out, nullptr, sparse_shape(a), keys);

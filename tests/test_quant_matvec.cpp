@@ -383,6 +383,29 @@ TEST(QuantMatvec, ZeroAndTinyShapes) {
 // computes, over output rows that span several 2048-row blocks and end in a partial panel, with
 // row counts off its 48-row chunks; the same for one thread and several; a NaN activation row
 // gives a NaN (and only that row).
+namespace {
+
+// The float64 log-softmax of a row of n logits at target.
+double ref_log_prob(const float* row, int64_t n, int64_t target) {
+  double mx = row[0], s = 0;
+  for (int64_t i = 0; i < n; ++i) mx = std::max(mx, (double)row[i]);
+  for (int64_t i = 0; i < n; ++i) s += std::exp((double)row[i] - mx);
+  return (double)row[target] - mx - std::log(s);
+}
+
+// f(a.data()) on 3 threads, then f(b.data()) on 1.
+template <class F>
+void on_3_then_1_thread(F f, std::vector<double>& a, std::vector<double>& b) {
+  const int saved = focus::num_threads();
+  focus::set_threads(3);
+  f(a.data());
+  focus::set_threads(1);
+  f(b.data());
+  focus::set_threads(saved);
+}
+
+}  // namespace
+
 TEST(QuantGemmLogSoftmax, EqualsLogSoftmaxOfTheGemmLogits) {
   IsaGuard guard;
   if (!cpu::set_quant_isa("avx512vnni")) GTEST_SKIP() << "this CPU has no AVX-512 VNNI";
@@ -401,18 +424,9 @@ TEST(QuantGemmLogSoftmax, EqualsLogSoftmaxOfTheGemmLogits) {
       std::vector<float> logits((size_t)(M * rows));
       cpu::quant_gemm(x.data(), W, logits.data(), M);
       std::vector<double> lp(M), lp1(M);
-      const int saved = focus::num_threads();
-      focus::set_threads(3);
-      cpu::quant_gemm_log_softmax(x.data(), W, M, tg.data(), lp.data());
-      focus::set_threads(1);
-      cpu::quant_gemm_log_softmax(x.data(), W, M, tg.data(), lp1.data());
-      focus::set_threads(saved);
+      on_3_then_1_thread([&](double* out) { cpu::quant_gemm_log_softmax(x.data(), W, M, tg.data(), out); }, lp, lp1);
       for (int64_t m = 0; m < M; ++m) {
-        const float* row = logits.data() + m * rows;
-        double mx = row[0], s = 0;
-        for (int64_t n = 0; n < rows; ++n) mx = std::max(mx, (double)row[n]);
-        for (int64_t n = 0; n < rows; ++n) s += std::exp((double)row[n] - mx);
-        const double ref = (double)row[tg[m]] - mx - std::log(s);
+        const double ref = ref_log_prob(logits.data() + m * rows, rows, tg[m]);
         ASSERT_NEAR(lp[m], ref, 1e-6 * (1 + std::fabs(ref))) << focus::io::type_name(t) << " M " << M << " row " << m;
         ASSERT_EQ(lp1[m], lp[m]) << "thread count changed row " << m;
       }
@@ -446,18 +460,9 @@ TEST(LinearLogProb, EqualsLogSoftmaxOfTheLinearLogits) {
       focus::dequantize_rows(W, 0, rows, wf.data());
       cpu::linear(x.data(), wf.data(), nullptr, logits.data(), M, cols, rows);
       std::vector<double> lp(M), lp1(M);
-      const int saved = focus::num_threads();
-      focus::set_threads(3);
-      cpu::linear_log_prob(x.data(), W, M, tg.data(), lp.data());
-      focus::set_threads(1);
-      cpu::linear_log_prob(x.data(), W, M, tg.data(), lp1.data());
-      focus::set_threads(saved);
+      on_3_then_1_thread([&](double* out) { cpu::linear_log_prob(x.data(), W, M, tg.data(), out); }, lp, lp1);
       for (int64_t m = 0; m < M; ++m) {
-        const float* row = logits.data() + m * rows;
-        double mx = row[0], s = 0;
-        for (int64_t n = 0; n < rows; ++n) mx = std::max(mx, (double)row[n]);
-        for (int64_t n = 0; n < rows; ++n) s += std::exp((double)row[n] - mx);
-        const double ref = (double)row[tg[m]] - mx - std::log(s);
+        const double ref = ref_log_prob(logits.data() + m * rows, rows, tg[m]);
         ASSERT_NEAR(lp[m], ref, 2e-6 * (1 + std::fabs(ref))) << focus::io::type_name(t) << " M " << M << " row " << m;
         ASSERT_NEAR(lp1[m], ref, 2e-6 * (1 + std::fabs(ref))) << "1 thread, row " << m;
       }

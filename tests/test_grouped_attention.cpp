@@ -516,6 +516,56 @@ TEST(GroupedAttention, FarTermsMatchReference) {
     }
 }
 
+// A decoding step checks the far-pair terms of the keys it reads (a decoding step does not pass over
+// the whole cache): a NaN term of a group key the row reads is an error naming that key; one of a
+// key it does not read, or of a key inside the window (which carries no term), changes nothing.
+TEST(GroupedAttention, DecodingRefusesANonFiniteFarTermItReads) {
+  Case c;
+  c.n = 300;
+  c.heads = 6;
+  c.kv_heads = 2;
+  c.RH = 2;
+  c.window = 24;
+  c.sinks = 1;
+  c.kq = 1;
+  c.unused = 0.0;
+  c.shared_groups = true;
+  c.far = 0.5f;
+  c.seed = 1400;
+  Problem P;
+  make(P, c);
+  const int64_t t = c.n - 1, rh = 1, h = rh * (c.heads / c.RH);
+  const int32_t g = P.query_groups[(t * c.heads + h) * c.kq];
+  int64_t read = -1, unread = -1;
+  for (int64_t j = c.sinks; j <= t - c.window; ++j) {
+    const bool in = P.key_group[rh * c.n + j] == g;
+    if (in && read < 0) read = j;
+    if (!in && unread < 0) unread = j;
+  }
+  ASSERT_GE(read, 0);
+  ASSERT_GE(unread, 0);
+  const Out ok = run_tail(P, 1);
+  for (int64_t j : {unread, t}) {  // not read under that routing head / near the row
+    Problem Q = P;
+    Q.far_k[rh * c.n + j] = NAN;
+    for (int64_t x = 0; x < c.RH; ++x) Q.far_kp[x] = Q.far_k.data() + x * c.n;
+    Q.r.far_k = Q.far_kp.data();
+    EXPECT_EQ(run_tail(Q, 1).o, ok.o) << j;
+  }
+  Problem Q = P;
+  Q.far_k[rh * c.n + read] = NAN;
+  for (int64_t x = 0; x < c.RH; ++x) Q.far_kp[x] = Q.far_k.data() + x * c.n;
+  Q.r.far_k = Q.far_kp.data();
+  try {
+    run_tail(Q, 1);
+    ADD_FAILURE() << "a NaN far-pair term of key " << read << " was read without an error";
+  } catch (const focus::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("far-pair term of key " + std::to_string(read) + " (routing head 1)"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
 // Blocks that hold every key make the hybrid pattern dense causal attention, whatever the groups.
 TEST(GroupedAttention, HybridAllBlocksIsDenseCausal) {
   const Case c{.n = 130, .heads = 6, .kv_heads = 2, .window = 3, .RH = 2, .unused = 0.0, .kb = 13, .block = 10};

@@ -246,6 +246,16 @@ TEST(Router, ScoresDoNotDependOnTheRowsRoutedTogether) {
       focus::router_forward(rp, x.data() + i0 * rc.D, 5, five);
       for (int64_t k = 0; k < 5 * rc.G; ++k) ASSERT_EQ(five.s[k], all.s[i0 * rc.G + k]) << "chunk at " << i0;
     }
+    // The same from a transposed projection kept by the caller (inference policies keep one).
+    const std::vector<float> wt = focus::router_projection_t(rp, focus::RouterSide::Query);
+    for (int64_t rows : {int64_t{1}, int64_t{5}, rc.n}) {
+      focus::RouterCache kept;
+      for (int64_t i0 = 0; i0 + rows <= rc.n; i0 += rows) {
+        focus::router_forward(rp, x.data() + i0 * rc.D, rows, kept, focus::RouterSide::Query, true, wt.data());
+        for (int64_t k = 0; k < rows * rc.G; ++k)
+          ASSERT_EQ(kept.s[k], all.s[i0 * rc.G + k]) << "kept projection, " << rows << " rows at " << i0;
+      }
+    }
   }
 }
 

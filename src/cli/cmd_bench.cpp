@@ -36,6 +36,8 @@ Command add_bench(CLI::App& app) {
   bm->add_option("--gen", mo->gen, "tokens generated per generation test (default 64)");
   bm->add_option("--reps", mo->reps, "timed repetitions (median, after a warm-up)");
   bm->add_option("--seed", mo->seed, "seed of the random tokens");
+  bm->add_flag("--against-dense", mo->against_dense,
+               "with --focus or --attention: also time the dense model, alternating repetitions, and report the speedup");
   bm->add_flag("--json", mo->json, "last stdout line is a JSON object");
   return {bench, [bo, ba, bm, mo, ms] {
             if (bm->parsed()) {

@@ -8,6 +8,8 @@
 #include <fstream>
 #include <sstream>
 
+#include <sys/mman.h>
+
 #include "core/error.h"
 
 namespace focus {
@@ -128,5 +130,19 @@ void check_memory(const std::string& what, const MemoryNeed& need, const std::st
   fail(what, " needs about ", need.describe(), " but only ", format_bytes((double)avail),
        " is free", hint.empty() ? "" : "; ", hint, " (FOCUS_MEMORY_LIMIT=off skips this check)");
 }
+
+void* huge_page_alloc(size_t bytes) {
+  constexpr size_t kHuge = size_t{2} << 20;
+  const size_t align = bytes >= kHuge ? kHuge : 64;
+  const size_t size = (std::max<size_t>(bytes, 1) + align - 1) / align * align;
+  void* p = std::aligned_alloc(align, size);
+  if (!p) throw std::bad_alloc();
+#ifdef MADV_HUGEPAGE
+  if (align == kHuge) madvise(p, size, MADV_HUGEPAGE);  // advice only: without THP, ordinary pages
+#endif
+  return p;
+}
+
+void huge_page_free(void* p, size_t) noexcept { std::free(p); }
 
 }  // namespace focus

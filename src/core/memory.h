@@ -2,7 +2,9 @@
 // machine (or the process's cgroup) has free gets a clear error with the estimate and its parts,
 // before anything large is allocated, rather than an out-of-memory kill halfway through.
 #pragma once
+#include <cstddef>
 #include <cstdint>
+#include <new>
 #include <string>
 #include <utility>
 #include <vector>
@@ -28,6 +30,25 @@ struct MemoryNeed {
   double total() const;
   // "1.50 GiB (KV cache 1.00 GiB, activations 512 MiB)"
   std::string describe() const;
+};
+
+// Memory for large arrays read at scattered rows (the KV cache): blocks of 2 MiB or more are
+// 2 MiB aligned and asked for transparent huge pages before they are touched, so that rows
+// gathered from anywhere in them cost no TLB miss per 4 KiB page. Smaller blocks come from the
+// ordinary allocator.
+void* huge_page_alloc(size_t bytes);
+void huge_page_free(void* p, size_t bytes) noexcept;
+
+template <class T>
+struct HugePageAllocator {
+  using value_type = T;
+  HugePageAllocator() = default;
+  template <class U>
+  HugePageAllocator(const HugePageAllocator<U>&) {}
+  T* allocate(size_t n) { return static_cast<T*>(huge_page_alloc(n * sizeof(T))); }
+  void deallocate(T* p, size_t n) noexcept { huge_page_free(p, n * sizeof(T)); }
+  template <class U>
+  bool operator==(const HugePageAllocator<U>&) const { return true; }
 };
 
 // Throws Error "WHAT needs about X (parts) but only Y is free; HINT" when the need exceeds

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <random>
 
@@ -50,7 +51,9 @@ int run_model_bench(const Model& m, const AttentionPlan* plan, const std::string
   int64_t longest = 0, widest = 1;
   for (int64_t p : o.prefill) longest = std::max(longest, p), widest = std::max(widest, p);
   for (int64_t d : o.depth) longest = std::max(longest, d + o.gen), widest = std::max(widest, d);
-  check_inference_memory("bench model", c, longest, widest, o.kv_type, 1, "lower --prefill / --depth");
+  // Paired with dense generation, a second cache is held.
+  const int64_t caches = o.against_dense && plan && !o.depth.empty() ? 2 : 1;
+  check_inference_memory("bench model", c, caches * longest, widest, o.kv_type, 1, "lower --prefill / --depth");
   nlohmann::json j;
   j["model"] = m.path;
   j["weights"] = m.w.weights_mode;
@@ -58,50 +61,86 @@ int run_model_bench(const Model& m, const AttentionPlan* plan, const std::string
   j["threads"] = num_threads();
   j["attention"] = attention;
   j["kv_type"] = cpu::to_string(o.kv_type);
+  j["against_dense"] = o.against_dense && plan;
   std::printf("model %s, weights %s (%.1f MB of matrices), KV cache %s, %d threads, attention %s\n",
               m.path.c_str(), m.w.weights_mode.c_str(), m.w.matrix_bytes() / 1e6, cpu::to_string(o.kv_type).c_str(),
               num_threads(), attention.c_str());
-  std::printf("%-8s %8s %8s %12s %10s\n", "test", "tokens", "depth", "tok/s", "seconds");
+  const bool pair = o.against_dense && plan;
+  FOCUS_CHECK(!o.against_dense || plan, "bench model: --against-dense needs an attention to compare (--focus or --attention)");
+  if (pair)
+    std::printf("%-8s %8s %8s %12s %10s %12s %10s %8s\n", "test", "tokens", "depth", "tok/s", "seconds", "dense tok/s",
+                "dense s", "speedup");
+  else
+    std::printf("%-8s %8s %8s %12s %10s\n", "test", "tokens", "depth", "tok/s", "seconds");
   std::vector<float> logits(c.vocab);
   nlohmann::json rows = nlohmann::json::array();
+  // One test: after a warm-up of each variant, o.reps timed repetitions of run(variant) (variant 0
+  // the plan's attention, 1 the dense model's when paired), the variants' order swapped every
+  // repetition; prints and records the medians (and the median ratio of each repetition's pair).
+  auto measure = [&](const char* test, int64_t tokens, int64_t depth, const std::function<double(int)>& run) {
+    const int variants = pair ? 2 : 1;
+    std::vector<double> t[2], ratio;
+    for (int r = 0; r <= o.reps && !interrupted(); ++r) {
+      double s[2] = {0, 0};
+      for (int x = 0; x < variants && !interrupted(); ++x) {
+        const int v = r % 2 ? variants - 1 - x : x;
+        s[v] = run(v);
+      }
+      if (r == 0 || interrupted()) continue;  // the first round warms up
+      for (int v = 0; v < variants; ++v) t[v].push_back(s[v]);
+      if (pair) ratio.push_back(s[1] / s[0]);
+    }
+    if (t[0].empty()) return false;
+    const double s0 = median(t[0]);
+    nlohmann::json row = {{"test", test}, {"tokens", tokens}, {"depth", depth}, {"tok_per_s", tokens / s0}, {"seconds", s0}};
+    if (pair) {
+      const double s1 = median(t[1]), sp = median(ratio);
+      std::printf("%-8s %8lld %8lld %12.1f %10.4f %12.1f %10.4f %7.2fx\n", test, (long long)tokens, (long long)depth,
+                  tokens / s0, s0, tokens / s1, s1, sp);
+      row["dense_tok_per_s"] = tokens / s1;
+      row["dense_seconds"] = s1;
+      row["speedup"] = sp;
+      row["speedup_each"] = ratio;
+    } else {
+      std::printf("%-8s %8lld %8lld %12.1f %10.4f\n", test, (long long)tokens, (long long)depth, tokens / s0, s0);
+    }
+    rows.push_back(row);
+    return true;
+  };
+  auto plan_of = [&](int v) { return v == 0 ? plan : nullptr; };
   for (int64_t P : o.prefill) {
     if (P == 0) continue;  // --prefill 0: no prefill test
     const std::vector<int32_t> ids = random_ids(P, c.vocab, o.seed + (uint64_t)P);
     std::vector<float> hidden(P * c.dim);
-    std::vector<double> t;
-    for (int r = 0; r <= o.reps && !interrupted(); ++r) {
+    const bool done = measure("prefill", P, 0, [&](int v) {
       KVCache cache;
       cache.init(c, P, o.kv_type);
       const double t0 = now();
-      forward(m, ids.data(), P, cache, hidden.data(), plan);
+      forward(m, ids.data(), P, cache, hidden.data(), plan_of(v));
       compute_logits(m, hidden.data() + (P - 1) * c.dim, 1, logits.data());
-      if (r > 0) t.push_back(now() - t0);  // the first run warms up
-    }
-    if (t.empty()) break;
-    const double s = median(t);
-    std::printf("%-8s %8lld %8d %12.1f %10.4f\n", "prefill", (long long)P, 0, P / s, s);
-    rows.push_back({{"test", "prefill"}, {"tokens", P}, {"depth", 0}, {"tok_per_s", P / s}, {"seconds", s}});
+      return now() - t0;
+    });
+    if (!done) break;
   }
   for (int64_t D : o.depth) {
     const std::vector<int32_t> ids = random_ids(D + o.gen, c.vocab, o.seed + 7 * (uint64_t)D + 1);
-    KVCache cache;
-    cache.init(c, D + o.gen, o.kv_type);
+    KVCache caches[2];
     std::vector<float> hidden(std::max<int64_t>(D, 1) * c.dim);
-    if (D > 0) forward(m, ids.data(), D, cache, hidden.data(), plan);  // untimed: fills the cache
-    std::vector<double> t;
-    for (int r = 0; r <= o.reps && !interrupted(); ++r) {
+    for (int v = 0; v < (pair ? 2 : 1); ++v) {
+      caches[v].init(c, D + o.gen, o.kv_type);
+      if (D > 0) forward(m, ids.data(), D, caches[v], hidden.data(), plan_of(v));  // untimed: fills the cache
+    }
+    const bool done = measure("generate", o.gen, D, [&](int v) {
+      KVCache& cache = caches[v];
       cache.truncate(D);
       const double t0 = now();
       for (int64_t i = 0; i < o.gen; ++i) {
-        forward(m, &ids[D + i], 1, cache, hidden.data(), plan);
+        forward(m, &ids[D + i], 1, cache, hidden.data(), plan_of(v));
         compute_logits(m, hidden.data(), 1, logits.data());
       }
-      if (r > 0) t.push_back(now() - t0);
-    }
-    if (t.empty()) break;
-    const double s = median(t);
-    std::printf("%-8s %8lld %8lld %12.1f %10.4f\n", "generate", (long long)o.gen, (long long)D, o.gen / s, s);
-    rows.push_back({{"test", "generate"}, {"tokens", o.gen}, {"depth", D}, {"tok_per_s", o.gen / s}, {"seconds", s}});
+      return now() - t0;
+    });
+    if (!done) break;
   }
   j["results"] = rows;
   j["peak_rss_mb"] = peak_rss_mb();

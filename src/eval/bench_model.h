@@ -19,6 +19,10 @@ struct ModelBenchOptions {
   uint64_t seed = 1;
   bool json = false;
   cpu::KvType kv_type = cpu::KvType::F32;  // the KV cache's element type
+  // With a plan: every test also runs the model's own dense attention, the two alternating
+  // repetition by repetition (each on its own cache), so that both see the same state of a noisy
+  // machine; the speedup reported is the median of the ratios of adjacent repetitions.
+  bool against_dense = false;
 };
 
 // Runs on the threads the caller set; `plan` null: the model's own attention. Prints a table

@@ -96,7 +96,9 @@ class FocusAttention final : public AttentionPolicy {
  public:
   FocusAttention(const FocusSettings& fs, const RouterParams* rp, int64_t router, std::vector<float>* grad,
                  RouterAuxHook hook, bool detach_input = false)
-      : fs_(fs), rp_(rp), router_(router), grad_(grad), hook_(std::move(hook)), detach_input_(detach_input) {}
+      : fs_(fs), rp_(rp), router_(router), grad_(grad), hook_(std::move(hook)), detach_input_(detach_input) {
+    if (!grad_) wt_ = router_projection_t(*rp_, RouterSide::Query);  // inference: the routers stay as they are
+  }
   std::string name() const override { return fs_.mode == FocusMode::Soft ? "focus-soft" : "focus-hard"; }
   bool reads_cache_views() const override { return true; }
   bool trains_parameters() const override { return grad_ != nullptr; }
@@ -120,7 +122,7 @@ class FocusAttention final : public AttentionPolicy {
     FOCUS_CHECK(!soft || a.pos0 == 0 || !fc.p.empty(),
                 "forward: the KV cache was filled with hard routing; soft mode needs it filled in soft mode");
     RouterCache rc;
-    router_forward(*rp_, a.xn, a.T, rc, RouterSide::Query, soft);
+    router_forward(*rp_, a.xn, a.T, rc, RouterSide::Query, soft, wt_.empty() ? nullptr : wt_.data());
     std::vector<int32_t> groups(a.T * fs_.topk);
     router_topk(rc.s.data(), rp_->bias.data(), a.T, fs_.groups, fs_.topk, groups.data());
     fc.append(groups.data(), soft ? rc.p.data() : nullptr, a.T);
@@ -188,6 +190,7 @@ class FocusAttention final : public AttentionPolicy {
   const RouterParams* rp_;
   int64_t router_;
   std::vector<float>* grad_;
+  std::vector<float> wt_;  // inference: the projection transposed for router_forward (empty when training)
   RouterAuxHook hook_;
   bool detach_input_;
 };
@@ -306,7 +309,13 @@ class AsymmetricFocusAttention final : public AttentionPolicy {
  public:
   AsymmetricFocusAttention(const FocusSettings& fs, const RouterParams* rp, int64_t route_heads,
                             std::vector<float>* grads = nullptr, int64_t first_router = 0, RouterAuxHook hook = nullptr)
-      : fs_(fs), rp_(rp), rh_(route_heads), grads_(grads), first_(first_router), hook_(std::move(hook)) {}
+      : fs_(fs), rp_(rp), rh_(route_heads), grads_(grads), first_(first_router), hook_(std::move(hook)) {
+    if (grads_) return;  // inference: the routers stay as they are, so their projections are kept transposed
+    for (int64_t r = 0; r < rh_; ++r) {
+      wt_.push_back(router_projection_t(rp_[r], RouterSide::Key));
+      wt_.push_back(router_projection_t(rp_[r], RouterSide::Query));
+    }
+  }
   std::string name() const override { return fs_.blocks > 0 ? "focus-hybrid" : "focus-asymmetric"; }
   bool reads_cache_views() const override { return true; }
   bool trains_parameters() const override { return grads_ != nullptr; }
@@ -469,7 +478,8 @@ class AsymmetricFocusAttention final : public AttentionPolicy {
     }
     for (int64_t r = 0; r < RH; ++r) {
       RouterCache kc;
-      router_forward(rp_[r], router_input(a, fs_, r, RH, RouterSide::Key, in), T, kc, RouterSide::Key, fs_.group_bias);
+      router_forward(rp_[r], router_input(a, fs_, r, RH, RouterSide::Key, in), T, kc, RouterSide::Key, fs_.group_bias,
+                     kept_projection(r, RouterSide::Key));
       if (fs_.group_bias) std::copy(kc.p.begin(), kc.p.end(), pk.begin() + r * T * G);
       assign_keys(fs_, kc.s.data(), rp_[r].bias.data(), a.pos0, T, ks->load.data() + r * G, kg.data() + r * T);
       ks->key_group[r].insert(ks->key_group[r].end(), kg.begin() + r * T, kg.begin() + (r + 1) * T);
@@ -492,7 +502,7 @@ class AsymmetricFocusAttention final : public AttentionPolicy {
       RouterCache qc;
       std::vector<float> in;
       router_forward(rp_[r], router_input(a, fs_, r, RH, RouterSide::Query, in), T, qc, RouterSide::Query,
-                     fs_.group_bias);
+                     fs_.group_bias, kept_projection(r, RouterSide::Query));
       if (fs_.group_bias) std::copy(qc.p.begin(), qc.p.end(), pq.begin() + r * T * G);
       int32_t* rtop = top.data() + r * T * k;
       if (fs_.topp > 0.f)
@@ -590,7 +600,12 @@ class AsymmetricFocusAttention final : public AttentionPolicy {
   FocusSettings fs_;
   const RouterParams* rp_;  // rh_ routers
   int64_t rh_;
+  const float* kept_projection(int64_t r, RouterSide side) const {
+    return wt_.empty() ? nullptr : wt_[2 * r + (side == RouterSide::Key ? 0 : 1)].data();
+  }
+
   std::vector<float>* grads_;  // rh_ gradient buffers, or null (inference)
+  std::vector<std::vector<float>> wt_;  // inference: per router, the key and query projections transposed
   int64_t first_;              // index of rp_[0] among all routers
   RouterAuxHook hook_;
 };

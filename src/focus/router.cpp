@@ -67,8 +67,21 @@ inline float lane_fma(float a, float b, float c) {
 #endif
 }
 
-void project(const float* W, const float* x, int64_t n, int64_t D, int64_t dg, float* r, bool par) {
-  if (n < 16) {  // decoding, small chunks: the same chains from W as it lies, no transposed copy
+// W [dg, D] transposed into [D, nv * kV] (nv = dg rounded up to whole vectors), zero-padded:
+// the layout project_rows reads.
+std::vector<float> transpose_projection(const float* W, int64_t D, int64_t dg) {
+  const int64_t nv = (dg + kV - 1) / kV;
+  std::vector<float> wt((size_t)(D * nv * kV), 0.f);
+  for (int64_t a = 0; a < dg; ++a)
+    for (int64_t d = 0; d < D; ++d) wt[(size_t)(d * nv * kV + a)] = W[a * D + d];
+  return wt;
+}
+
+// With wt (W transposed, kept by the caller) any number of rows runs from it; without, fewer
+// than 16 rows (decoding, small chunks) run the same chains as scalars from W as it lies, and
+// more transpose W first.
+void project(const float* W, const float* wt, const float* x, int64_t n, int64_t D, int64_t dg, float* r, bool par) {
+  if (!wt && n < 16) {
     constexpr int64_t kA = 16;
     for (int64_t i = 0; i < n; ++i)
       for (int64_t a0 = 0; a0 < dg; a0 += kA) {
@@ -81,15 +94,16 @@ void project(const float* W, const float* x, int64_t n, int64_t D, int64_t dg, f
     return;
   }
   const int64_t nv = (dg + kV - 1) / kV;
-  std::vector<float> wt((size_t)(D * nv * kV), 0.f);
-  for (int64_t a = 0; a < dg; ++a)
-    for (int64_t d = 0; d < D; ++d) wt[(size_t)(d * nv * kV + a)] = W[a * D + d];
+  std::vector<float> own;
+  if (!wt) {
+    own = transpose_projection(W, D, dg);
+    wt = own.data();
+  }
   constexpr int64_t kNr = 4;
   const int64_t nb = n / kNr;
-  const float* const wp = wt.data();
 #pragma omp parallel for schedule(static) if (par)
-  for (int64_t b = 0; b < nb; ++b) project_rows<kNr>(wp, nv, x + b * kNr * D, D, dg, r + b * kNr * dg);
-  for (int64_t i = nb * kNr; i < n; ++i) project_rows<1>(wp, nv, x + i * D, D, dg, r + i * dg);
+  for (int64_t b = 0; b < nb; ++b) project_rows<kNr>(wt, nv, x + b * kNr * D, D, dg, r + b * kNr * dg);
+  for (int64_t i = nb * kNr; i < n; ++i) project_rows<1>(wt, nv, x + i * D, D, dg, r + i * dg);
 }
 
 void check_config(const RouterConfig& c) {
@@ -138,8 +152,13 @@ RouterParams router_init(const RouterConfig& cfg, uint64_t seed) {
   return rp;
 }
 
+std::vector<float> router_projection_t(const RouterParams& rp, RouterSide side) {
+  check_params(rp);
+  return transpose_projection(rp.params.data() + rp.proj_offset(side), rp.cfg.dim, rp.cfg.d_g);
+}
+
 void router_forward(const RouterParams& rp, const float* x, int64_t n, RouterCache& cache, RouterSide side,
-                    bool probs) {
+                    bool probs, const float* wt) {
   check_params(rp);
   FOCUS_CHECK(n >= 0, "router_forward: negative token count ", n);
   FOCUS_CHECK(n == 0 || x, "router_forward: null input");
@@ -164,7 +183,7 @@ void router_forward(const RouterParams& rp, const float* x, int64_t n, RouterCac
   }
 
   const bool par = n * D * dg > (1 << 18);  // threads only pay off on real sizes
-  project(W, x, n, D, dg, cache.r_hat.data(), par);
+  project(W, wt, x, n, D, dg, cache.r_hat.data(), par);
 #pragma omp parallel for schedule(static) if (par)
   for (int64_t i = 0; i < n; ++i) {
     float* u = cache.r_hat.data() + i * dg;  // r_i, then normalised in place

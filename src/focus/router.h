@@ -78,8 +78,12 @@ struct RouterCache {
 
 // x [N, D] -> cache (s, p and the intermediates), scored by the projection of `side`. Without
 // `probs` the softmax p is left empty (hard routing at inference reads only s and the bias).
+// wt (optional): router_projection_t(rp, side), kept by a caller that routes few tokens at a time
+// (decoding) with routers that do not change; the scores are bitwise the same with it or without.
 void router_forward(const RouterParams& rp, const float* x, int64_t n, RouterCache& cache,
-                    RouterSide side = RouterSide::Query, bool probs = true);
+                    RouterSide side = RouterSide::Query, bool probs = true, const float* wt = nullptr);
+// The projection that scores `side`, transposed to the layout router_forward's wt reads.
+std::vector<float> router_projection_t(const RouterParams& rp, RouterSide side);
 
 // Given dL/dp [N, G] and/or dL/ds [N, G] (either may be null; ds is added to the gradient that
 // flows from dp through the softmax), accumulates dL/dparams (same layout as rp.params) and,

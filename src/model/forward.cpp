@@ -19,11 +19,11 @@ void KVCache::init(const ModelConfig& c, int64_t cap, cpu::KvType t) {
   k.clear(), v.clear(), k16.clear(), v16.clear();
   shared = c.shared_kv();
   if (t == cpu::KvType::F32) {
-    k.assign(c.layers, std::vector<float>(cap * kv_dim));
-    if (!shared) v.assign(c.layers, std::vector<float>(cap * kv_dim));
+    k.assign(c.layers, Rows<float>(cap * kv_dim));
+    if (!shared) v.assign(c.layers, Rows<float>(cap * kv_dim));
   } else {
-    k16.assign(c.layers, std::vector<uint16_t>(cap * kv_dim));
-    if (!shared) v16.assign(c.layers, std::vector<uint16_t>(cap * kv_dim));
+    k16.assign(c.layers, Rows<uint16_t>(cap * kv_dim));
+    if (!shared) v16.assign(c.layers, Rows<uint16_t>(cap * kv_dim));
   }
   state.clear();
   state.resize(c.layers);

@@ -57,8 +57,12 @@ struct KVCache {
   int64_t capacity = 0, len = 0, kv_dim = 0;
   cpu::KvType type = cpu::KvType::F32;
   bool shared = false;  // keys and values are the same rows (MLA): only k is held
-  std::vector<std::vector<float>> k, v;                 // float32: per layer [capacity, kv_dim]
-  std::vector<std::vector<uint16_t>> k16, v16;          // half / bfloat16: the same, 16-bit
+  // Rows are gathered from anywhere in a layer's keys and values (sparse decoding), so each
+  // layer's array lives on huge pages where the system gives them.
+  template <class E>
+  using Rows = std::vector<E, HugePageAllocator<E>>;
+  std::vector<Rows<float>> k, v;                        // float32: per layer [capacity, kv_dim]
+  std::vector<Rows<uint16_t>> k16, v16;                 // half / bfloat16: the same, 16-bit
   std::vector<std::unique_ptr<AttentionState>> state;  // per layer (null until a policy makes one)
   void init(const ModelConfig& c, int64_t cap, cpu::KvType t = cpu::KvType::F32);
   void* k_layer(int64_t l) { return type == cpu::KvType::F32 ? (void*)k[l].data() : (void*)k16[l].data(); }

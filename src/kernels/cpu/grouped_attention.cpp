@@ -1,6 +1,7 @@
 #include "kernels/cpu/grouped_attention.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -550,10 +551,12 @@ void gathered_decode(const float* q, const E* k, const E* v, float* o, float* ls
     }
   const int64_t U = (int64_t)units.size();
   std::vector<std::vector<int32_t>> keys(U);
-  // [slices, nh, kSlice] when the unit's heads read different blocks (bias_hs kSlice); [slices,
-  // kSlice] with far-pair terms, one row for all the unit's heads (bias_hs 0)
+  // [slices, nh, kSlice] when the unit's heads read different blocks (bias_hs kSlice)
   std::vector<std::vector<float>> bias(U);
-  std::vector<int64_t> first(U + 1, 0), part_off(U + 1, 0), bias_hs(U, kSlice);
+  // With far-pair terms, the group keys [far0, far1) of a unit's list get eq + e_key as a bias,
+  // one row for all the unit's heads (bias_hs 0), filled by the task of each slice.
+  std::vector<int64_t> first(U + 1, 0), part_off(U + 1, 0), bias_hs(U, kSlice), far0(U, 0), far1(U, 0), far_rh(U, -1);
+  std::vector<float> far_eq(U, 0.f);
   for (int64_t u = 0; u < U; ++u) {
     const Unit& un = units[u];
     int64_t g0 = 0, g1 = 0;
@@ -561,37 +564,48 @@ void gathered_decode(const float* q, const E* k, const E* v, float* o, float* ls
     if (with_groups && r.kb > 0) add_unit_block_keys(s, r, idx, un.t, un.h0, un.nh, keys[u], bias[u]);
     const int64_t slices = ((int64_t)keys[u].size() + kSlice - 1) / kSlice;
     if (with_groups && r.far_q && g1 > g0) {  // (no blocks with far terms: check_routing)
-      const int64_t rh = route_of(s, r, un.h0);
-      const float eq = r.far_q[rh][un.t];
-      const float* ek = r.far_k[rh];
-      bias[u].assign(slices * kSlice, 0.f);
+      far_rh[u] = route_of(s, r, un.h0);
+      far_eq[u] = r.far_q[far_rh[u]][un.t];
+      far0[u] = g0;
+      far1[u] = g1;
       bias_hs[u] = 0;
-      for (int64_t m = g0; m < g1; ++m) {
-        const float e = ek[keys[u][m]];
-        FOCUS_CHECK(std::isfinite(e), "grouped attention: far-pair term of key ", keys[u][m], " (routing head ", rh,
-                    ") is ", e);
-        bias[u][m] = eq + e;
-      }
     }
     first[u + 1] = first[u] + slices;
     part_off[u + 1] = part_off[u] + slices * units[u].nh * part;
   }
   std::vector<float> parts(part_off[U]);
   const int64_t tasks = first[U];
+  std::atomic<int64_t> bad_far{-1};  // a key whose far-pair term is not finite (task * kSlice + m)
 #pragma omp parallel if (tasks > 1 && tasks * kSlice * hd > 32768)
   {
-    std::vector<float> sc(hpk * kSlice);
+    std::vector<float> sc(hpk * kSlice), far_row(kSlice);
 #pragma omp for schedule(dynamic, 1)
     for (int64_t task = 0; task < tasks; ++task) {
       const int64_t u = std::upper_bound(first.begin(), first.end(), task) - first.begin() - 1;
       const Unit& un = units[u];
       const int64_t c = task - first[u], m0 = c * kSlice;
       const int64_t len = std::min<int64_t>(kSlice, (int64_t)keys[u].size() - m0), kvh = un.h0 / hpk;
-      const float* b = bias[u].empty() ? nullptr : bias[u].data() + c * (bias_hs[u] ? un.nh : 1) * kSlice;
-      heads_slice_partials(q + un.t * s.q_stride + un.h0 * hd, un.nh, k + kvh * hd, v + kvh * hd, s.kv_stride,
-                           keys[u].data() + m0, b, len, hd, s.scale, sc.data(),
-                           parts.data() + part_off[u] + c * un.nh * part, part, bias_hs[u]);
+      const int32_t* kl = keys[u].data() + m0;
+      const float* b = bias[u].empty() ? nullptr : bias[u].data() + c * un.nh * kSlice;
+      if (far_rh[u] >= 0) {
+        const float* ek = r.far_k[far_rh[u]];
+        for (int64_t m = 0; m < len; ++m) {
+          const bool far = m0 + m >= far0[u] && m0 + m < far1[u];
+          const float e = far ? ek[kl[m]] : 0.f;
+          if (!std::isfinite(e)) bad_far.store(u * (int64_t{1} << 32) + kl[m]);
+          far_row[m] = far ? far_eq[u] + e : 0.f;
+        }
+        b = far_row.data();
+      }
+      heads_slice_partials(q + un.t * s.q_stride + un.h0 * hd, un.nh, k + kvh * hd, v + kvh * hd, s.kv_stride, kl, b,
+                           len, hd, s.scale, sc.data(), parts.data() + part_off[u] + c * un.nh * part, part,
+                           bias_hs[u]);
     }
+  }
+  if (const int64_t x = bad_far.load(); x >= 0) {
+    const int64_t u = x >> 32, j = x & 0xffffffff;
+    FOCUS_CHECK(false, "grouped attention: far-pair term of key ", j, " (routing head ", far_rh[u], ") is ",
+                r.far_k[far_rh[u]][j]);
   }
   for (int64_t u = 0; u < U; ++u) {
     const Unit& un = units[u];

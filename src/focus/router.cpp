@@ -36,26 +36,31 @@ float dot(const float* a, const float* b, int64_t n) {
 // The projection r[i, a] = sum_d W[a, d] x[i, d] of rows i < n (W [dg, D], r [n, dg]). Each r[i, a]
 // is one float32 FMA chain over d in order, so a row's numbers do not depend on the rows done
 // with it (prefill and decoding route a token alike). Vectorised over a (W transposed into
-// wt [D, nv * kV], zero-padded), kNr rows at a time, so each W vector loaded serves kNr rows;
-// fewer than 16 rows run the same chains as scalars (project below).
+// wt [D, nv * kV], zero-padded), kNr rows and two vectors of columns at a time, so each W vector
+// loaded serves kNr rows; fewer than 16 rows run the same chains as scalars from W unless the
+// caller keeps wt (project below).
+template <int kNr, int kNc>
+void project_cols(const float* wt, int64_t nv, int64_t c0, const float* x, int64_t D, int64_t dg, float* r) {
+  vf acc[kNr][kNc] = {};
+  const float* w = wt + c0 * kV;
+  for (int64_t d = 0; d < D; ++d, w += nv * kV) {
+    vf wv[kNc];
+    for (int c = 0; c < kNc; ++c) wv[c] = load(w + c * kV);
+    for (int j = 0; j < kNr; ++j) {
+      const vf xb = bcast(x[j * D + d]);
+      for (int c = 0; c < kNc; ++c) acc[j][c] = vfma(wv[c], xb, acc[j][c]);
+    }
+  }
+  for (int j = 0; j < kNr; ++j)
+    for (int c = 0; c < kNc; ++c)
+      for (int l = 0; l < kV && (c0 + c) * kV + l < dg; ++l) r[j * dg + (c0 + c) * kV + l] = acc[j][c][l];
+}
+
 template <int kNr>
 void project_rows(const float* wt, int64_t nv, const float* x, int64_t D, int64_t dg, float* r) {
-  for (int64_t c0 = 0; c0 < nv; c0 += 2) {
-    const int nc = nv - c0 >= 2 ? 2 : 1;
-    vf acc[kNr][2] = {};
-    const float* w = wt + c0 * kV;
-    for (int64_t d = 0; d < D; ++d, w += nv * kV) {
-      const vf w0 = load(w), w1 = nc == 2 ? load(w + kV) : vf{};
-      for (int j = 0; j < kNr; ++j) {
-        const vf xb = bcast(x[j * D + d]);
-        acc[j][0] = vfma(w0, xb, acc[j][0]);
-        if (nc == 2) acc[j][1] = vfma(w1, xb, acc[j][1]);
-      }
-    }
-    for (int j = 0; j < kNr; ++j)
-      for (int c = 0; c < nc; ++c)
-        for (int l = 0; l < kV && (c0 + c) * kV + l < dg; ++l) r[j * dg + (c0 + c) * kV + l] = acc[j][c][l];
-  }
+  int64_t c0 = 0;
+  for (; c0 + 2 <= nv; c0 += 2) project_cols<kNr, 2>(wt, nv, c0, x, D, dg, r);  // accumulators in registers
+  if (c0 < nv) project_cols<kNr, 1>(wt, nv, c0, x, D, dg, r);
 }
 
 // a * b + c rounded as vfma rounds each lane (one rounding where vfma uses FMA).

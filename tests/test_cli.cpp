@@ -3,7 +3,9 @@
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 
+#include <algorithm>
 #include <cstdlib>
+#include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -99,4 +101,33 @@ TEST(Cli, GenerateRefusesANegativeCountOrTemperature) {
   r = run("generate " + model_args() + " -p Once --temp -1", "temp");
   EXPECT_NE(r.code, 0);
   EXPECT_NE(r.err.find("--temp"), std::string::npos) << r.err;
+}
+
+// bench model --against-dense: every test row also times the dense model, one ratio per pair of
+// repetitions, the median reported; without an attention to compare it is an error.
+TEST(Cli, BenchModelAgainstDenseReportsEachPair) {
+  FOCUS_NEED_FILE(stories());
+  const std::string bench = "bench model " + model_args() + " --prefill 48 --depth 40 --gen 3 --reps 3";
+  const CliRun r = run(bench + " --focus random --mode hard --window 8 --groups 4 --against-dense --json", "pair");
+  ASSERT_EQ(r.code, 0) << r.err;
+  std::string out = r.out;
+  while (!out.empty() && out.back() == '\n') out.pop_back();
+  const std::string last = out.substr(out.rfind('\n') + 1);  // the JSON line
+  const nlohmann::json j = nlohmann::json::parse(last);
+  EXPECT_TRUE(j.at("against_dense").get<bool>());
+  ASSERT_EQ(j.at("results").size(), 2u) << last;
+  for (const auto& row : j.at("results")) {
+    std::vector<double> each = row.at("speedup_each").get<std::vector<double>>();
+    ASSERT_EQ(each.size(), 3u) << row.dump();
+    for (double x : each) EXPECT_GT(x, 0.0) << row.dump();
+    std::sort(each.begin(), each.end());
+    EXPECT_DOUBLE_EQ(row.at("speedup").get<double>(), each[1]) << row.dump();
+    EXPECT_GT(row.at("dense_tok_per_s").get<double>(), 0.0) << row.dump();
+    EXPECT_GT(row.at("tok_per_s").get<double>(), 0.0) << row.dump();
+  }
+  EXPECT_NE(r.out.find("speedup"), std::string::npos) << r.out;
+
+  const CliRun alone = run(bench + " --against-dense", "alone");
+  EXPECT_EQ(alone.code, 1);
+  EXPECT_NE(alone.err.find("--against-dense needs an attention to compare"), std::string::npos) << alone.err;
 }

@@ -43,6 +43,7 @@ int run_model_bench(const Model& m, const AttentionPlan* plan, const std::string
                     const ModelBenchOptions& o, nlohmann::json* result) {
   const ModelConfig& c = m.cfg;
   FOCUS_CHECK(o.reps >= 1, "bench model: --reps must be >= 1");
+  FOCUS_CHECK(!o.against_dense || plan, "bench model: --against-dense needs an attention to compare (--focus or --attention)");
   FOCUS_CHECK(o.gen >= 1 || o.depth.empty(), "bench model: --gen must be >= 1");
   for (int64_t p : o.prefill) FOCUS_CHECK(p >= 0 && p <= c.max_ctx, "bench model: prefill ", p, " outside 1..", c.max_ctx);
   for (int64_t d : o.depth)
@@ -66,7 +67,6 @@ int run_model_bench(const Model& m, const AttentionPlan* plan, const std::string
               m.path.c_str(), m.w.weights_mode.c_str(), m.w.matrix_bytes() / 1e6, cpu::to_string(o.kv_type).c_str(),
               num_threads(), attention.c_str());
   const bool pair = o.against_dense && plan;
-  FOCUS_CHECK(!o.against_dense || plan, "bench model: --against-dense needs an attention to compare (--focus or --attention)");
   if (pair)
     std::printf("%-8s %8s %8s %12s %10s %12s %10s %8s\n", "test", "tokens", "depth", "tok/s", "seconds", "dense tok/s",
                 "dense s", "speedup");

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "core/threads.h"
 #include "focus/balancing.h"
 #include "focus/router.h"
 #include "test_util.h"
@@ -246,16 +247,37 @@ TEST(Router, ScoresDoNotDependOnTheRowsRoutedTogether) {
       focus::router_forward(rp, x.data() + i0 * rc.D, 5, five);
       for (int64_t k = 0; k < 5 * rc.G; ++k) ASSERT_EQ(five.s[k], all.s[i0 * rc.G + k]) << "chunk at " << i0;
     }
-    // The same from a transposed projection kept by the caller (inference policies keep one).
-    const std::vector<float> wt = focus::router_projection_t(rp, focus::RouterSide::Query);
-    for (int64_t rows : {int64_t{1}, int64_t{5}, rc.n}) {
-      focus::RouterCache kept;
+    // The same from projections kept side by side (inference policies keep every router's key and
+    // query projections so): this router's query and key sides among another router's.
+    RouterConfig kc = rp.cfg;
+    kc.key_proj = true;  // a key projection of its own
+    const RouterParams asym = focus::router_init(kc, 41), other = make_router(rc, 77);
+    // Five projections: a decoding row's columns are split over the threads when they are many.
+    const focus::RouterProjections kept = focus::router_projections(
+        {{&other, focus::RouterSide::Query}, {&asym, focus::RouterSide::Query}, {&asym, focus::RouterSide::Key},
+         {&other, focus::RouterSide::Key}, {&other, focus::RouterSide::Query}});
+    focus::RouterCache all_queries, all_keys;
+    focus::router_forward(asym, x.data(), rc.n, all_queries, focus::RouterSide::Query);
+    focus::router_forward(asym, x.data(), rc.n, all_keys, focus::RouterSide::Key);
+    const int saved = focus::num_threads();
+    const std::pair<int64_t, int> runs[] = {{1, 1}, {1, 2}, {1, 3}, {5, 2}, {rc.n, 2}};  // rows, threads
+    for (const auto& [rows, threads] : runs) {
+      focus::set_threads(threads);
+      std::vector<float> pr(rows * kept.stride);
       for (int64_t i0 = 0; i0 + rows <= rc.n; i0 += rows) {
-        focus::router_forward(rp, x.data() + i0 * rc.D, rows, kept, focus::RouterSide::Query, true, wt.data());
-        for (int64_t k = 0; k < rows * rc.G; ++k)
-          ASSERT_EQ(kept.s[k], all.s[i0 * rc.G + k]) << "kept projection, " << rows << " rows at " << i0;
+        kept.project(x.data() + i0 * rc.D, rows, pr.data());
+        focus::RouterCache q, k;
+        focus::router_forward(asym, nullptr, rows, q, focus::RouterSide::Query, true, pr.data() + kept.offset[1],
+                              kept.stride);
+        focus::router_forward(asym, nullptr, rows, k, focus::RouterSide::Key, true, pr.data() + kept.offset[2],
+                              kept.stride);
+        for (int64_t g = 0; g < rows * rc.G; ++g) {
+          ASSERT_EQ(q.s[g], all_queries.s[i0 * rc.G + g]) << "kept projections, " << rows << " rows at " << i0;
+          ASSERT_EQ(k.s[g], all_keys.s[i0 * rc.G + g]) << "kept projections (keys), " << rows << " rows at " << i0;
+        }
       }
     }
+    focus::set_threads(saved);
   }
 }
 

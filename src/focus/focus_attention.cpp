@@ -97,7 +97,7 @@ class FocusAttention final : public AttentionPolicy {
   FocusAttention(const FocusSettings& fs, const RouterParams* rp, int64_t router, std::vector<float>* grad,
                  RouterAuxHook hook, bool detach_input = false)
       : fs_(fs), rp_(rp), router_(router), grad_(grad), hook_(std::move(hook)), detach_input_(detach_input) {
-    if (!grad_) wt_ = router_projection_t(*rp_, RouterSide::Query);  // inference: the routers stay as they are
+    if (!grad_) proj_ = router_projections({{rp_, RouterSide::Query}});  // inference: the router stays as it is
   }
   std::string name() const override { return fs_.mode == FocusMode::Soft ? "focus-soft" : "focus-hard"; }
   bool reads_cache_views() const override { return true; }
@@ -122,7 +122,12 @@ class FocusAttention final : public AttentionPolicy {
     FOCUS_CHECK(!soft || a.pos0 == 0 || !fc.p.empty(),
                 "forward: the KV cache was filled with hard routing; soft mode needs it filled in soft mode");
     RouterCache rc;
-    router_forward(*rp_, a.xn, a.T, rc, RouterSide::Query, soft, wt_.empty() ? nullptr : wt_.data());
+    std::vector<float> pr;
+    if (proj_.stride > 0) {
+      pr.resize(a.T * proj_.stride);
+      proj_.project(a.xn, a.T, pr.data());
+    }
+    router_forward(*rp_, a.xn, a.T, rc, RouterSide::Query, soft, pr.empty() ? nullptr : pr.data(), proj_.stride);
     std::vector<int32_t> groups(a.T * fs_.topk);
     router_topk(rc.s.data(), rp_->bias.data(), a.T, fs_.groups, fs_.topk, groups.data());
     fc.append(groups.data(), soft ? rc.p.data() : nullptr, a.T);
@@ -190,7 +195,7 @@ class FocusAttention final : public AttentionPolicy {
   const RouterParams* rp_;
   int64_t router_;
   std::vector<float>* grad_;
-  std::vector<float> wt_;  // inference: the projection transposed for router_forward (empty when training)
+  RouterProjections proj_;  // inference: the projection kept transposed (none when training)
   RouterAuxHook hook_;
   bool detach_input_;
 };
@@ -310,11 +315,12 @@ class AsymmetricFocusAttention final : public AttentionPolicy {
   AsymmetricFocusAttention(const FocusSettings& fs, const RouterParams* rp, int64_t route_heads,
                             std::vector<float>* grads = nullptr, int64_t first_router = 0, RouterAuxHook hook = nullptr)
       : fs_(fs), rp_(rp), rh_(route_heads), grads_(grads), first_(first_router), hook_(std::move(hook)) {
-    if (grads_) return;  // inference: the routers stay as they are, so their projections are kept transposed
-    for (int64_t r = 0; r < rh_; ++r) {
-      wt_.push_back(router_projection_t(rp_[r], RouterSide::Key));
-      wt_.push_back(router_projection_t(rp_[r], RouterSide::Query));
-    }
+    // Inference on the hidden state: the routers stay as they are, so the projections of every
+    // router and side are kept transposed side by side and run in one pass per row.
+    if (grads_ || fs_.route_on_qk) return;
+    std::vector<std::pair<const RouterParams*, RouterSide>> list;
+    for (int64_t r = 0; r < rh_; ++r) list.push_back({rp_ + r, RouterSide::Key}), list.push_back({rp_ + r, RouterSide::Query});
+    proj_ = router_projections(list);
   }
   std::string name() const override { return fs_.blocks > 0 ? "focus-hybrid" : "focus-asymmetric"; }
   bool reads_cache_views() const override { return true; }
@@ -476,10 +482,15 @@ class AsymmetricFocusAttention final : public AttentionPolicy {
       pk.resize(RH * T * G);
       pq.resize(RH * T * G);
     }
+    std::vector<float> pr;  // with kept projections: every router's key and query projections of the rows
+    if (proj_.stride > 0) {
+      pr.resize(T * proj_.stride);
+      proj_.project(a.xn, T, pr.data());
+    }
     for (int64_t r = 0; r < RH; ++r) {
       RouterCache kc;
       router_forward(rp_[r], router_input(a, fs_, r, RH, RouterSide::Key, in), T, kc, RouterSide::Key, fs_.group_bias,
-                     kept_projection(r, RouterSide::Key));
+                     kept_projection(pr, r, RouterSide::Key), proj_.stride);
       if (fs_.group_bias) std::copy(kc.p.begin(), kc.p.end(), pk.begin() + r * T * G);
       assign_keys(fs_, kc.s.data(), rp_[r].bias.data(), a.pos0, T, ks->load.data() + r * G, kg.data() + r * T);
       ks->key_group[r].insert(ks->key_group[r].end(), kg.begin() + r * T, kg.begin() + (r + 1) * T);
@@ -502,7 +513,7 @@ class AsymmetricFocusAttention final : public AttentionPolicy {
       RouterCache qc;
       std::vector<float> in;
       router_forward(rp_[r], router_input(a, fs_, r, RH, RouterSide::Query, in), T, qc, RouterSide::Query,
-                     fs_.group_bias, kept_projection(r, RouterSide::Query));
+                     fs_.group_bias, kept_projection(pr, r, RouterSide::Query), proj_.stride);
       if (fs_.group_bias) std::copy(qc.p.begin(), qc.p.end(), pq.begin() + r * T * G);
       int32_t* rtop = top.data() + r * T * k;
       if (fs_.topp > 0.f)
@@ -600,12 +611,13 @@ class AsymmetricFocusAttention final : public AttentionPolicy {
   FocusSettings fs_;
   const RouterParams* rp_;  // rh_ routers
   int64_t rh_;
-  const float* kept_projection(int64_t r, RouterSide side) const {
-    return wt_.empty() ? nullptr : wt_[2 * r + (side == RouterSide::Key ? 0 : 1)].data();
+  // Router r's projection of `side` in rows pr of proj_ (null without kept projections).
+  const float* kept_projection(const std::vector<float>& pr, int64_t r, RouterSide side) const {
+    return pr.empty() ? nullptr : pr.data() + proj_.offset[2 * r + (side == RouterSide::Key ? 0 : 1)];
   }
 
   std::vector<float>* grads_;  // rh_ gradient buffers, or null (inference)
-  std::vector<std::vector<float>> wt_;  // inference: per router, the key and query projections transposed
+  RouterProjections proj_;  // inference on the hidden state: every router's key and query projections
   int64_t first_;              // index of rp_[0] among all routers
   RouterAuxHook hook_;
 };

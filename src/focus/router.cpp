@@ -5,6 +5,8 @@
 #include <limits>
 #include <vector>
 
+#include <omp.h>
+
 #include "core/error.h"
 #include "core/rng.h"
 #include "kernels/cpu/simd.h"
@@ -35,10 +37,9 @@ float dot(const float* a, const float* b, int64_t n) {
 
 // The projection r[i, a] = sum_d W[a, d] x[i, d] of rows i < n (W [dg, D], r [n, dg]). Each r[i, a]
 // is one float32 FMA chain over d in order, so a row's numbers do not depend on the rows done
-// with it (prefill and decoding route a token alike). Vectorised over a (W transposed into
-// wt [D, nv * kV], zero-padded), kNr rows and two vectors of columns at a time, so each W vector
-// loaded serves kNr rows; fewer than 16 rows run the same chains as scalars from W unless the
-// caller keeps wt (project below).
+// with it, nor on the projections computed beside it (prefill and decoding route a token alike).
+// Vectorised over a (W transposed into wt [D, nv * kV], zero-padded), kNr rows and kNc vectors of
+// columns at a time, the accumulators in registers, so each W vector loaded serves kNr rows.
 template <int kNr, int kNc>
 void project_cols(const float* wt, int64_t nv, int64_t c0, const float* x, int64_t D, int64_t dg, float* r) {
   vf acc[kNr][kNc] = {};
@@ -56,11 +57,42 @@ void project_cols(const float* wt, int64_t nv, int64_t c0, const float* x, int64
       for (int l = 0; l < kV && (c0 + c) * kV + l < dg; ++l) r[j * dg + (c0 + c) * kV + l] = acc[j][c][l];
 }
 
+// All nv column vectors of kNr rows. One row (decoding) takes up to 12 vectors per pass: one
+// router's chains are too few to hide the FMA latency, the projections of a layer's routers side
+// by side (RouterProjections) are not.
+// Column vectors [c0, c1) of kNr rows.
 template <int kNr>
-void project_rows(const float* wt, int64_t nv, const float* x, int64_t D, int64_t dg, float* r) {
-  int64_t c0 = 0;
-  for (; c0 + 2 <= nv; c0 += 2) project_cols<kNr, 2>(wt, nv, c0, x, D, dg, r);  // accumulators in registers
-  if (c0 < nv) project_cols<kNr, 1>(wt, nv, c0, x, D, dg, r);
+void project_rows(const float* wt, int64_t nv, int64_t c0, int64_t c1, const float* x, int64_t D, int64_t dg,
+                  float* r) {
+  constexpr int kMax = kNr == 1 ? 12 : 2;
+  for (; c0 + kMax <= c1; c0 += kMax) project_cols<kNr, kMax>(wt, nv, c0, x, D, dg, r);
+  if constexpr (kMax > 8)
+    if (c0 + 8 <= c1) project_cols<kNr, 8>(wt, nv, c0, x, D, dg, r), c0 += 8;
+  if constexpr (kMax > 4)
+    if (c0 + 4 <= c1) project_cols<kNr, 4>(wt, nv, c0, x, D, dg, r), c0 += 4;
+  if constexpr (kMax > 2)
+    if (c0 + 2 <= c1) project_cols<kNr, 2>(wt, nv, c0, x, D, dg, r), c0 += 2;
+  if (c0 < c1) project_cols<kNr, 1>(wt, nv, c0, x, D, dg, r);
+}
+
+// Rows x [n, D] through wt [D, nv * kV] into r [n, dg] (dg <= nv * kV), kNr rows at a time. A
+// few rows against many columns (a decoding step through every router of a layer: the matrices,
+// not the arithmetic, are the cost) split the columns over the threads instead.
+void project_all(const float* wt, int64_t nv, const float* x, int64_t n, int64_t D, int64_t dg, float* r, bool par) {
+  constexpr int64_t kNr = 4;
+  if (n < kNr && par && nv >= 8) {
+#pragma omp parallel
+    {
+      const int64_t nt = omp_get_num_threads(), t = omp_get_thread_num();
+      const int64_t c0 = nv * t / nt, c1 = nv * (t + 1) / nt;
+      for (int64_t i = 0; i < n; ++i) project_rows<1>(wt, nv, c0, c1, x + i * D, D, dg, r + i * dg);
+    }
+    return;
+  }
+  const int64_t nb = n / kNr;
+#pragma omp parallel for schedule(static) if (par)
+  for (int64_t b = 0; b < nb; ++b) project_rows<kNr>(wt, nv, 0, nv, x + b * kNr * D, D, dg, r + b * kNr * dg);
+  for (int64_t i = nb * kNr; i < n; ++i) project_rows<1>(wt, nv, 0, nv, x + i * D, D, dg, r + i * dg);
 }
 
 // a * b + c rounded as vfma rounds each lane (one rounding where vfma uses FMA).
@@ -72,21 +104,10 @@ inline float lane_fma(float a, float b, float c) {
 #endif
 }
 
-// W [dg, D] transposed into [D, nv * kV] (nv = dg rounded up to whole vectors), zero-padded:
-// the layout project_rows reads.
-std::vector<float> transpose_projection(const float* W, int64_t D, int64_t dg) {
-  const int64_t nv = (dg + kV - 1) / kV;
-  std::vector<float> wt((size_t)(D * nv * kV), 0.f);
-  for (int64_t a = 0; a < dg; ++a)
-    for (int64_t d = 0; d < D; ++d) wt[(size_t)(d * nv * kV + a)] = W[a * D + d];
-  return wt;
-}
-
-// With wt (W transposed, kept by the caller) any number of rows runs from it; without, fewer
-// than 16 rows (decoding, small chunks) run the same chains as scalars from W as it lies, and
+// Fewer than 16 rows (decoding, small chunks) run the same chains as scalars from W as it lies;
 // more transpose W first.
-void project(const float* W, const float* wt, const float* x, int64_t n, int64_t D, int64_t dg, float* r, bool par) {
-  if (!wt && n < 16) {
+void project(const float* W, const float* x, int64_t n, int64_t D, int64_t dg, float* r, bool par) {
+  if (n < 16) {
     constexpr int64_t kA = 16;
     for (int64_t i = 0; i < n; ++i)
       for (int64_t a0 = 0; a0 < dg; a0 += kA) {
@@ -99,16 +120,10 @@ void project(const float* W, const float* wt, const float* x, int64_t n, int64_t
     return;
   }
   const int64_t nv = (dg + kV - 1) / kV;
-  std::vector<float> own;
-  if (!wt) {
-    own = transpose_projection(W, D, dg);
-    wt = own.data();
-  }
-  constexpr int64_t kNr = 4;
-  const int64_t nb = n / kNr;
-#pragma omp parallel for schedule(static) if (par)
-  for (int64_t b = 0; b < nb; ++b) project_rows<kNr>(wt, nv, x + b * kNr * D, D, dg, r + b * kNr * dg);
-  for (int64_t i = nb * kNr; i < n; ++i) project_rows<1>(wt, nv, x + i * D, D, dg, r + i * dg);
+  std::vector<float> wt((size_t)(D * nv * kV), 0.f);
+  for (int64_t a = 0; a < dg; ++a)
+    for (int64_t d = 0; d < D; ++d) wt[(size_t)(d * nv * kV + a)] = W[a * D + d];
+  project_all(wt.data(), nv, x, n, D, dg, r, par);
 }
 
 void check_config(const RouterConfig& c) {
@@ -157,16 +172,40 @@ RouterParams router_init(const RouterConfig& cfg, uint64_t seed) {
   return rp;
 }
 
-std::vector<float> router_projection_t(const RouterParams& rp, RouterSide side) {
-  check_params(rp);
-  return transpose_projection(rp.params.data() + rp.proj_offset(side), rp.cfg.dim, rp.cfg.d_g);
+RouterProjections router_projections(const std::vector<std::pair<const RouterParams*, RouterSide>>& list) {
+  RouterProjections rp;
+  FOCUS_CHECK(!list.empty(), "router_projections: no projections");
+  rp.dim = list[0].first->cfg.dim;
+  for (const auto& [r, side] : list) {
+    check_params(*r);
+    FOCUS_CHECK(r->cfg.dim == rp.dim, "router_projections: input widths ", rp.dim, " and ", r->cfg.dim, " differ");
+    rp.offset.push_back(rp.stride);
+    rp.width.push_back(r->cfg.d_g);
+    rp.stride += (r->cfg.d_g + kV - 1) / kV * kV;  // each projection starts on a whole vector
+  }
+  const int64_t D = rp.dim;
+  rp.wt.assign((size_t)(D * rp.stride), 0.f);
+  for (size_t p = 0; p < list.size(); ++p) {
+    const RouterParams& r = *list[p].first;
+    const float* W = r.params.data() + r.proj_offset(list[p].second);
+    for (int64_t a = 0; a < rp.width[p]; ++a)
+      for (int64_t d = 0; d < D; ++d) rp.wt[(size_t)(d * rp.stride + rp.offset[p] + a)] = W[a * D + d];
+  }
+  return rp;
+}
+
+void RouterProjections::project(const float* x, int64_t n, float* r) const {
+  FOCUS_CHECK(stride > 0 && (int64_t)wt.size() == dim * stride, "RouterProjections: not made by router_projections");
+  project_all(wt.data(), stride / kV, x, n, dim, stride, r, n * dim * stride > (1 << 15));
 }
 
 void router_forward(const RouterParams& rp, const float* x, int64_t n, RouterCache& cache, RouterSide side,
-                    bool probs, const float* wt) {
+                    bool probs, const float* projected, int64_t projected_stride) {
   check_params(rp);
   FOCUS_CHECK(n >= 0, "router_forward: negative token count ", n);
-  FOCUS_CHECK(n == 0 || x, "router_forward: null input");
+  FOCUS_CHECK(n == 0 || x || projected, "router_forward: null input");
+  FOCUS_CHECK(!projected || projected_stride >= rp.cfg.d_g, "router_forward: projected rows of ", projected_stride,
+              " floats hold no d_g = ", rp.cfg.d_g, " projection");
   const int64_t D = rp.cfg.dim, dg = rp.cfg.d_g, G = rp.cfg.groups;
   const float inv_tau = 1.f / rp.tau();
   FOCUS_CHECK(std::isfinite(inv_tau), "router_forward: temperature overflowed (log_tau out of range)");
@@ -188,7 +227,10 @@ void router_forward(const RouterParams& rp, const float* x, int64_t n, RouterCac
   }
 
   const bool par = n * D * dg > (1 << 18);  // threads only pay off on real sizes
-  project(W, wt, x, n, D, dg, cache.r_hat.data(), par);
+  if (projected)
+    for (int64_t i = 0; i < n; ++i) std::copy_n(projected + i * projected_stride, dg, cache.r_hat.data() + i * dg);
+  else
+    project(W, x, n, D, dg, cache.r_hat.data(), par);
 #pragma omp parallel for schedule(static) if (par)
   for (int64_t i = 0; i < n; ++i) {
     float* u = cache.r_hat.data() + i * dg;  // r_i, then normalised in place

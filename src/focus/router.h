@@ -8,6 +8,7 @@
 // Backward passes accumulate (+=) into their gradient buffers; the caller zeroes them.
 #pragma once
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 namespace focus {
@@ -78,12 +79,24 @@ struct RouterCache {
 
 // x [N, D] -> cache (s, p and the intermediates), scored by the projection of `side`. Without
 // `probs` the softmax p is left empty (hard routing at inference reads only s and the bias).
-// wt (optional): router_projection_t(rp, side), kept by a caller that routes few tokens at a time
-// (decoding) with routers that do not change; the scores are bitwise the same with it or without.
+// With `projected` (rows of RouterProjections::project for this router and side, row i at
+// projected + i * projected_stride) x is not read; the scores are bitwise the same either way.
 void router_forward(const RouterParams& rp, const float* x, int64_t n, RouterCache& cache,
-                    RouterSide side = RouterSide::Query, bool probs = true, const float* wt = nullptr);
-// The projection that scores `side`, transposed to the layout router_forward's wt reads.
-std::vector<float> router_projection_t(const RouterParams& rp, RouterSide side);
+                    RouterSide side = RouterSide::Query, bool probs = true, const float* projected = nullptr,
+                    int64_t projected_stride = 0);
+
+// The projections of several routers (and sides) that read the same input rows, kept transposed
+// side by side by a caller whose routers do not change while it keeps them (inference): one pass
+// over a row runs every projection's chains together, which decoding, one row at a time, needs
+// to hide the FMA latency. Each number is bitwise the one router_forward computes from x.
+struct RouterProjections {
+  int64_t dim = 0, stride = 0;         // input width D; floats per projected row
+  std::vector<int64_t> offset, width;  // per projection: its first float in a projected row, its d_g
+  std::vector<float> wt;               // [D, stride]
+  // x [n, D] -> r [n, stride]: projection p of row i at r + i * stride + offset[p].
+  void project(const float* x, int64_t n, float* r) const;
+};
+RouterProjections router_projections(const std::vector<std::pair<const RouterParams*, RouterSide>>& list);
 
 // Given dL/dp [N, G] and/or dL/ds [N, G] (either may be null; ds is added to the gradient that
 // flows from dp through the softmax), accumulates dL/dparams (same layout as rp.params) and,

@@ -122,11 +122,7 @@ class FocusAttention final : public AttentionPolicy {
     FOCUS_CHECK(!soft || a.pos0 == 0 || !fc.p.empty(),
                 "forward: the KV cache was filled with hard routing; soft mode needs it filled in soft mode");
     RouterCache rc;
-    std::vector<float> pr;
-    if (proj_.stride > 0) {
-      pr.resize(a.T * proj_.stride);
-      proj_.project(a.xn, a.T, pr.data());
-    }
+    const std::vector<float> pr = proj_.rows(a.xn, a.T);
     router_forward(*rp_, a.xn, a.T, rc, RouterSide::Query, soft, pr.empty() ? nullptr : pr.data(), proj_.stride);
     std::vector<int32_t> groups(a.T * fs_.topk);
     router_topk(rc.s.data(), rp_->bias.data(), a.T, fs_.groups, fs_.topk, groups.data());
@@ -482,11 +478,7 @@ class AsymmetricFocusAttention final : public AttentionPolicy {
       pk.resize(RH * T * G);
       pq.resize(RH * T * G);
     }
-    std::vector<float> pr;  // with kept projections: every router's key and query projections of the rows
-    if (proj_.stride > 0) {
-      pr.resize(T * proj_.stride);
-      proj_.project(a.xn, T, pr.data());
-    }
+    const std::vector<float> pr = proj_.rows(a.xn, T);  // every router's key and query projections, if kept
     for (int64_t r = 0; r < RH; ++r) {
       RouterCache kc;
       router_forward(rp_[r], router_input(a, fs_, r, RH, RouterSide::Key, in), T, kc, RouterSide::Key, fs_.group_bias,

@@ -194,6 +194,14 @@ RouterProjections router_projections(const std::vector<std::pair<const RouterPar
   return rp;
 }
 
+std::vector<float> RouterProjections::rows(const float* x, int64_t n) const {
+  std::vector<float> r;
+  if (stride == 0) return r;
+  r.resize(n * stride);
+  project(x, n, r.data());
+  return r;
+}
+
 void RouterProjections::project(const float* x, int64_t n, float* r) const {
   FOCUS_CHECK(stride > 0 && (int64_t)wt.size() == dim * stride, "RouterProjections: not made by router_projections");
   project_all(wt.data(), stride / kV, x, n, dim, stride, r, n * dim * stride > (1 << 15));

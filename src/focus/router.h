@@ -95,6 +95,8 @@ struct RouterProjections {
   std::vector<float> wt;               // [D, stride]
   // x [n, D] -> r [n, stride]: projection p of row i at r + i * stride + offset[p].
   void project(const float* x, int64_t n, float* r) const;
+  // The same into a new array; empty when nothing is kept (stride 0).
+  std::vector<float> rows(const float* x, int64_t n) const;
 };
 RouterProjections router_projections(const std::vector<std::pair<const RouterParams*, RouterSide>>& list);
 

@@ -520,18 +520,8 @@ TEST(GroupedAttention, FarTermsMatchReference) {
 // the whole cache): a NaN term of a group key the row reads is an error naming that key; one of a
 // key it does not read, or of a key inside the window (which carries no term), changes nothing.
 TEST(GroupedAttention, DecodingRefusesANonFiniteFarTermItReads) {
-  Case c;
-  c.n = 300;
-  c.heads = 6;
-  c.kv_heads = 2;
-  c.RH = 2;
-  c.window = 24;
-  c.sinks = 1;
-  c.kq = 1;
-  c.unused = 0.0;
-  c.shared_groups = true;
-  c.far = 0.5f;
-  c.seed = 1400;
+  const Case c{.n = 300, .heads = 6, .kv_heads = 2, .window = 24, .sinks = 1, .RH = 2, .kq = 1, .unused = 0.0,
+               .seed = 1400, .shared_groups = true, .far = 0.5f};
   Problem P;
   make(P, c);
   const int64_t t = c.n - 1, rh = 1, h = rh * (c.heads / c.RH);
@@ -544,20 +534,17 @@ TEST(GroupedAttention, DecodingRefusesANonFiniteFarTermItReads) {
   }
   ASSERT_GE(read, 0);
   ASSERT_GE(unread, 0);
-  const Out ok = run_tail(P, 1);
-  for (int64_t j : {unread, t}) {  // not read under that routing head / near the row
+  auto with_nan = [&](int64_t j) {  // P with the term of key j under routing head rh set to NaN
     Problem Q = P;
     Q.far_k[rh * c.n + j] = NAN;
     for (int64_t x = 0; x < c.RH; ++x) Q.far_kp[x] = Q.far_k.data() + x * c.n;
     Q.r.far_k = Q.far_kp.data();
-    EXPECT_EQ(run_tail(Q, 1).o, ok.o) << j;
-  }
-  Problem Q = P;
-  Q.far_k[rh * c.n + read] = NAN;
-  for (int64_t x = 0; x < c.RH; ++x) Q.far_kp[x] = Q.far_k.data() + x * c.n;
-  Q.r.far_k = Q.far_kp.data();
+    return Q;
+  };
+  const Out ok = run_tail(P, 1);
+  for (int64_t j : {unread, t}) EXPECT_EQ(run_tail(with_nan(j), 1).o, ok.o) << j;  // not read / near the row
   try {
-    run_tail(Q, 1);
+    run_tail(with_nan(read), 1);
     ADD_FAILURE() << "a NaN far-pair term of key " << read << " was read without an error";
   } catch (const focus::Error& e) {
     EXPECT_NE(std::string(e.what()).find("far-pair term of key " + std::to_string(read) + " (routing head 1)"),

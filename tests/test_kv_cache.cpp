@@ -275,3 +275,25 @@ TEST(MemoryEstimate, KvCacheEstimateIsTheAllocationAndLimitsParse) {
   unsetenv("FOCUS_MEMORY_LIMIT");
   EXPECT_GT(available_memory(), 0);  // this machine's reading
 }
+
+// A layer's keys and values of 2 MiB or more start on a 2 MiB boundary (where a transparent huge
+// page can back them: sparse decoding gathers rows from anywhere in them); smaller ones on a cache
+// line.
+TEST(KvTypes, LargeCacheLayersAreHugePageAligned) {
+  focus::ModelConfig c;
+  c.layers = 2;
+  c.dim = 64;
+  c.heads = 4;
+  c.kv_heads = 2;
+  c.head_dim = 64;
+  for (auto [rows, align] : {std::pair<int64_t, uintptr_t>{16384, uintptr_t{2} << 20}, {100, 64}}) {
+    for (KvType t : {KvType::F32, KvType::F16}) {
+      focus::KVCache cache;
+      cache.init(c, rows, t);
+      for (int64_t l = 0; l < c.layers; ++l) {
+        EXPECT_EQ(reinterpret_cast<uintptr_t>(cache.k_layer(l)) % align, 0u) << rows << " rows, layer " << l;
+        EXPECT_EQ(reinterpret_cast<uintptr_t>(cache.v_layer(l)) % align, 0u) << rows << " rows, layer " << l;
+      }
+    }
+  }
+}

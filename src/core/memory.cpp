@@ -143,6 +143,6 @@ void* huge_page_alloc(size_t bytes) {
   return p;
 }
 
-void huge_page_free(void* p, size_t) noexcept { std::free(p); }
+void huge_page_free(void* p) noexcept { std::free(p); }
 
 }  // namespace focus

@@ -37,7 +37,7 @@ struct MemoryNeed {
 // gathered from anywhere in them cost no TLB miss per 4 KiB page. Smaller blocks come from the
 // ordinary allocator.
 void* huge_page_alloc(size_t bytes);
-void huge_page_free(void* p, size_t bytes) noexcept;
+void huge_page_free(void* p) noexcept;
 
 template <class T>
 struct HugePageAllocator {
@@ -46,7 +46,7 @@ struct HugePageAllocator {
   template <class U>
   HugePageAllocator(const HugePageAllocator<U>&) {}
   T* allocate(size_t n) { return static_cast<T*>(huge_page_alloc(n * sizeof(T))); }
-  void deallocate(T* p, size_t n) noexcept { huge_page_free(p, n * sizeof(T)); }
+  void deallocate(T* p, size_t) noexcept { huge_page_free(p); }
   template <class U>
   bool operator==(const HugePageAllocator<U>&) const { return true; }
 };

@@ -104,6 +104,12 @@ inline float lane_fma(float a, float b, float c) {
 #endif
 }
 
+// W [dg, D] transposed into the columns [0, dg) of wt, whose rows are `stride` floats apart.
+void transpose_into(const float* W, int64_t D, int64_t dg, float* wt, int64_t stride) {
+  for (int64_t a = 0; a < dg; ++a)
+    for (int64_t d = 0; d < D; ++d) wt[d * stride + a] = W[a * D + d];
+}
+
 // Fewer than 16 rows (decoding, small chunks) run the same chains as scalars from W as it lies;
 // more transpose W first.
 void project(const float* W, const float* x, int64_t n, int64_t D, int64_t dg, float* r, bool par) {
@@ -121,8 +127,7 @@ void project(const float* W, const float* x, int64_t n, int64_t D, int64_t dg, f
   }
   const int64_t nv = (dg + kV - 1) / kV;
   std::vector<float> wt((size_t)(D * nv * kV), 0.f);
-  for (int64_t a = 0; a < dg; ++a)
-    for (int64_t d = 0; d < D; ++d) wt[(size_t)(d * nv * kV + a)] = W[a * D + d];
+  transpose_into(W, D, dg, wt.data(), nv * kV);
   project_all(wt.data(), nv, x, n, D, dg, r, par);
 }
 
@@ -187,9 +192,8 @@ RouterProjections router_projections(const std::vector<std::pair<const RouterPar
   rp.wt.assign((size_t)(D * rp.stride), 0.f);
   for (size_t p = 0; p < list.size(); ++p) {
     const RouterParams& r = *list[p].first;
-    const float* W = r.params.data() + r.proj_offset(list[p].second);
-    for (int64_t a = 0; a < rp.width[p]; ++a)
-      for (int64_t d = 0; d < D; ++d) rp.wt[(size_t)(d * rp.stride + rp.offset[p] + a)] = W[a * D + d];
+    transpose_into(r.params.data() + r.proj_offset(list[p].second), D, rp.width[p], rp.wt.data() + rp.offset[p],
+                   rp.stride);
   }
   return rp;
 }

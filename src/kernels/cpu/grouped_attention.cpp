@@ -536,8 +536,12 @@ template <class E>
 void gathered_decode(const float* q, const E* k, const E* v, float* o, float* lse, const AttnShape& s,
                      const GroupedRouting& r, const GroupedKeyIndex& idx, bool with_groups) {
   const int64_t hd = s.head_dim, hpk = s.heads / s.kv_heads, part = hd + 2;
+  // With far-pair terms, the group keys [far0, far1) of a unit's list get far_eq + e_key as a bias,
+  // one row for all the unit's heads (bias_hs 0), filled by the task of each slice.
   struct Unit {
     int64_t t, h0, nh;
+    int64_t far_rh = -1, far0 = 0, far1 = 0;  // far_rh: the routing head of its terms, -1 without
+    float far_eq = 0.f;
   };
   std::vector<Unit> units;
   for (int64_t t = 0; t < s.n_q; ++t)
@@ -553,29 +557,25 @@ void gathered_decode(const float* q, const E* k, const E* v, float* o, float* ls
   std::vector<std::vector<int32_t>> keys(U);
   // [slices, nh, kSlice] when the unit's heads read different blocks (bias_hs kSlice)
   std::vector<std::vector<float>> bias(U);
-  // With far-pair terms, the group keys [far0, far1) of a unit's list get eq + e_key as a bias,
-  // one row for all the unit's heads (bias_hs 0), filled by the task of each slice.
-  std::vector<int64_t> first(U + 1, 0), part_off(U + 1, 0), bias_hs(U, kSlice), far0(U, 0), far1(U, 0), far_rh(U, -1);
-  std::vector<float> far_eq(U, 0.f);
+  std::vector<int64_t> first(U + 1, 0), part_off(U + 1, 0);
   for (int64_t u = 0; u < U; ++u) {
-    const Unit& un = units[u];
+    Unit& un = units[u];
     int64_t g0 = 0, g1 = 0;
     row_keys(s, r, idx, un.t, un.h0, with_groups, keys[u], &g0, &g1);
     if (with_groups && r.kb > 0) add_unit_block_keys(s, r, idx, un.t, un.h0, un.nh, keys[u], bias[u]);
     const int64_t slices = ((int64_t)keys[u].size() + kSlice - 1) / kSlice;
     if (with_groups && r.far_q && g1 > g0) {  // (no blocks with far terms: check_routing)
-      far_rh[u] = route_of(s, r, un.h0);
-      far_eq[u] = r.far_q[far_rh[u]][un.t];
-      far0[u] = g0;
-      far1[u] = g1;
-      bias_hs[u] = 0;
+      un.far_rh = route_of(s, r, un.h0);
+      un.far_eq = r.far_q[un.far_rh][un.t];
+      un.far0 = g0;
+      un.far1 = g1;
     }
     first[u + 1] = first[u] + slices;
     part_off[u + 1] = part_off[u] + slices * units[u].nh * part;
   }
   std::vector<float> parts(part_off[U]);
   const int64_t tasks = first[U];
-  std::atomic<int64_t> bad_far{-1};  // a key whose far-pair term is not finite (task * kSlice + m)
+  std::atomic<int64_t> bad_far{-1};  // a key whose far-pair term is not finite: (unit << 32) + key
 #pragma omp parallel if (tasks > 1 && tasks * kSlice * hd > 32768)
   {
     std::vector<float> sc(hpk * kSlice), far_row(kSlice);
@@ -587,25 +587,25 @@ void gathered_decode(const float* q, const E* k, const E* v, float* o, float* ls
       const int64_t len = std::min<int64_t>(kSlice, (int64_t)keys[u].size() - m0), kvh = un.h0 / hpk;
       const int32_t* kl = keys[u].data() + m0;
       const float* b = bias[u].empty() ? nullptr : bias[u].data() + c * un.nh * kSlice;
-      if (far_rh[u] >= 0) {
-        const float* ek = r.far_k[far_rh[u]];
+      if (un.far_rh >= 0) {
+        const float* ek = r.far_k[un.far_rh];
         for (int64_t m = 0; m < len; ++m) {
-          const bool far = m0 + m >= far0[u] && m0 + m < far1[u];
+          const bool far = m0 + m >= un.far0 && m0 + m < un.far1;
           const float e = far ? ek[kl[m]] : 0.f;
           if (!std::isfinite(e)) bad_far.store(u * (int64_t{1} << 32) + kl[m]);
-          far_row[m] = far ? far_eq[u] + e : 0.f;
+          far_row[m] = far ? un.far_eq + e : 0.f;
         }
         b = far_row.data();
       }
       heads_slice_partials(q + un.t * s.q_stride + un.h0 * hd, un.nh, k + kvh * hd, v + kvh * hd, s.kv_stride, kl, b,
                            len, hd, s.scale, sc.data(), parts.data() + part_off[u] + c * un.nh * part, part,
-                           bias_hs[u]);
+                           un.far_rh >= 0 ? 0 : kSlice);
     }
   }
   if (const int64_t x = bad_far.load(); x >= 0) {
     const int64_t u = x >> 32, j = x & 0xffffffff;
-    FOCUS_CHECK(false, "grouped attention: far-pair term of key ", j, " (routing head ", far_rh[u], ") is ",
-                r.far_k[far_rh[u]][j]);
+    const int64_t rh = units[u].far_rh;
+    FOCUS_CHECK(false, "grouped attention: far-pair term of key ", j, " (routing head ", rh, ") is ", r.far_k[rh][j]);
   }
   for (int64_t u = 0; u < U; ++u) {
     const Unit& un = units[u];

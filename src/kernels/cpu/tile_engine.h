@@ -27,8 +27,7 @@
 #include <new>
 #include <vector>
 
-#include <sys/mman.h>
-
+#include "core/memory.h"
 #include "kernels/cpu/simd.h"
 
 namespace focus::cpu::tiles {
@@ -60,20 +59,13 @@ using AlignedFloats = std::vector<float, AlignedAllocator<float>>;
 
 // Uninitialised 64-byte aligned floats (every user writes before reading) that only grow, for
 // scratch a kernel keeps between calls so that later calls fault in no new pages. Buffers of
-// 2 MiB and more are 2 MiB aligned and ask for transparent huge pages: fewer page faults and TLB
-// misses.
+// 2 MiB and more are on transparent huge pages (core/memory.h huge_page_alloc): fewer page
+// faults and TLB misses.
 class FloatBuffer {
  public:
   void resize(size_t n) {
     if (n <= n_) return;
-    const size_t huge = size_t{2} << 20, bytes = n * sizeof(float);
-    const size_t align = bytes >= huge ? huge : 64, size = (bytes + align - 1) / align * align;
-    float* p = static_cast<float*>(std::aligned_alloc(align, size));
-    if (!p) throw std::bad_alloc();
-#ifdef MADV_HUGEPAGE
-    if (align == huge) madvise(p, size, MADV_HUGEPAGE);
-#endif
-    p_.reset(p);
+    p_.reset(static_cast<float*>(huge_page_alloc(n * sizeof(float))));
     n_ = n;
   }
   float* data() { return p_.get(); }
@@ -86,7 +78,7 @@ class FloatBuffer {
 
  private:
   struct Free {
-    void operator()(float* p) const { std::free(p); }
+    void operator()(float* p) const { huge_page_free(p); }
   };
   std::unique_ptr<float, Free> p_;
   size_t n_ = 0;

@@ -13,6 +13,8 @@
 #   FOCUS_FUZZ_RUNS   stop each harness after this many executions, SECONDS still being the cap
 #                     (e.g. FOCUS_FUZZ_RUNS=10000000 scripts/fuzz.sh 36000 fuzz_dequant)
 #   FOCUS_FUZZ_BUILD  0: use the harnesses already built (two runs side by side on one build)
+#   FOCUS_FUZZ_TIMEOUT  seconds of wall time one input may take before it counts as a hang
+#                     (default 10; raise it for long runs at low priority beside other work)
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 BUILD="$ROOT/build-fuzz"
@@ -82,7 +84,7 @@ for h in "${harnesses[@]}"; do
   log="$SCRATCH/$h/log"
   set +e
   (cd "$SCRATCH/$h" && nice -n "${FOCUS_FUZZ_NICE:-10}" "$bin" -max_total_time="$SECONDS_EACH" -runs="${FOCUS_FUZZ_RUNS:--1}" -rss_limit_mb=2048 \
-    -malloc_limit_mb=1024 -timeout=10 -print_final_stats=1 -artifact_prefix="$findings/" "$corpus" >"$log" 2>&1)
+    -malloc_limit_mb=1024 -timeout="${FOCUS_FUZZ_TIMEOUT:-10}" -print_final_stats=1 -artifact_prefix="$findings/" "$corpus" >"$log" 2>&1)
   rc=$?
   set -e
   execs=$(grep -o 'stat::number_of_executed_units: *[0-9]*' "$log" | grep -o '[0-9]*$' | tail -1 || true)

@@ -553,6 +553,126 @@ TEST(GroupedAttention, DecodingRefusesANonFiniteFarTermItReads) {
   }
 }
 
+// Decoding that reads the groups' keys from their runs (GroupedKvRuns): the reference's values and,
+// up to rounding, those of the gathered path; for float and half caches, over head layouts where
+// the routing heads divide the kv heads, with far-pair terms and with blocks.
+TEST(GroupedAttention, DecodingFromGroupRunsMatchesReference) {
+  using focus::cpu::GroupedKvRuns;
+  using focus::cpu::KvType;
+  using focus::cpu::KvView;
+  const int64_t layouts[3][3] = {{4, 4, 4}, {6, 2, 2}, {6, 2, 1}};  // heads, kv heads, routing heads
+  int i = 0;
+  for (const auto& hl : layouts)
+    for (KvType type : {KvType::F32, KvType::F16})
+      for (int variant = 0; variant < 3; ++variant) {  // plain, far-pair terms, blocks
+        Case c;
+        c.n = 700 + 31 * i;  // long enough for groups of more than one slice (kSlice keys)
+        c.heads = hl[0];
+        c.kv_heads = hl[1];
+        c.RH = hl[2];
+        c.G = 3;
+        c.window = i % 2 ? 1 : 40;
+        c.sinks = i % 3 == 0 ? 0 : 2;
+        c.kq = 1 + i % 2;
+        c.hd = i % 4 == 3 ? 40 : 64;
+        c.shared_groups = i % 4 != 1;
+        c.far = variant == 1 ? 4.f : 0.f;
+        c.kb = variant == 2 ? 2 : 0;
+        c.seed = 1500 + i++;
+        Problem P;
+        make(P, c);
+        focus::cpu::kv_round(P.k.data(), (int64_t)P.k.size(), type);  // the values the cache holds
+        focus::cpu::kv_round(P.v.data(), (int64_t)P.v.size(), type);
+        std::vector<uint8_t> kc(P.k.size() * focus::cpu::kv_type_bytes(type)), vc(kc.size());
+        focus::cpu::kv_store(P.k.data(), (int64_t)P.k.size(), type, kc.data());
+        focus::cpu::kv_store(P.v.data(), (int64_t)P.v.size(), type, vc.data());
+        GroupedKvRuns runs;
+        runs.sync(P.idx, KvView(kc.data(), type), KvView(vc.data(), type), c.kv_heads, c.hd, P.s.kv_stride);
+        const Out ref = run_ref(P);
+        for (int64_t rows : {1, 3}) {
+          const int64_t t0 = c.n - rows, H = c.heads;
+          AttnShape s = P.s;
+          s.q_pos0 = t0;
+          s.n_q = rows;
+          GroupedRouting r = P.r;
+          r.query_groups = P.query_groups.data() + t0 * H * r.kq;
+          if (r.kb > 0) r.query_blocks = P.query_blocks.data() + t0 * H * r.kb;
+          std::vector<const float*> far_q;
+          if (r.far_q) {
+            for (int64_t rh = 0; rh < r.route_heads; ++rh) far_q.push_back(P.far_qp[rh] + t0);
+            r.far_q = far_q.data();
+          }
+          Out gathered{std::vector<float>(rows * s.o_stride), std::vector<float>(H * rows)}, fromruns = gathered;
+          focus::cpu::grouped_attention(P.q.data() + t0 * s.q_stride, KvView(kc.data(), type), KvView(vc.data(), type),
+                                        gathered.o.data(), gathered.lse.data(), s, r, P.idx);
+          r.runs = &runs;
+          focus::cpu::grouped_attention(P.q.data() + t0 * s.q_stride, KvView(kc.data(), type), KvView(vc.data(), type),
+                                        fromruns.o.data(), fromruns.lse.data(), s, r, P.idx);
+          EXPECT_LE(rel_err(fromruns, rows, 0, ref, c.n, t0, rows, c.heads, c.hd), kTol)
+              << describe(c) << " variant " << variant << " rows " << rows;
+          EXPECT_LE(rel_err(fromruns, gathered, s), kTol) << describe(c) << " variant " << variant;
+        }
+      }
+}
+
+// Runs kept across a rollback: truncated with the index, then brought up to date with keys of other
+// groups and other values at the same positions; a decoding step reads the new rows, not the old.
+TEST(GroupedAttention, GroupRunsFollowTruncateAndAppend) {
+  using focus::cpu::GroupedKvRuns;
+  const Case c{.n = 600, .heads = 6, .kv_heads = 2, .window = 16, .sinks = 1, .G = 4, .RH = 2, .kq = 2,
+               .unused = 0.0, .seed = 1600, .shared_groups = true};
+  Problem P;
+  make(P, c);
+  GroupedKvRuns runs;
+  runs.sync(P.idx, P.k.data(), P.v.data(), c.kv_heads, c.hd, P.s.kv_stride);
+  // The last 200 keys again, with new groups, keys and values (P2's), after a truncation to 400.
+  Case c2 = c;
+  c2.seed = 1601;
+  Problem P2;
+  make(P2, c2);
+  const int64_t keep = 400;
+  std::copy(P.key_group.begin(), P.key_group.begin() + keep, P2.key_group.begin());           // routing head 0
+  std::copy(P.key_group.begin() + c.n, P.key_group.begin() + c.n + keep, P2.key_group.begin() + c.n);  // head 1
+  std::copy(P.k.begin(), P.k.begin() + keep * P.s.kv_stride, P2.k.begin());
+  std::copy(P.v.begin(), P.v.begin() + keep * P.s.kv_stride, P2.v.begin());
+  P2.idx.build(P2.r, c.n);
+  P.idx.truncate(keep);
+  runs.truncate(P.idx, keep);
+  std::vector<int32_t> tail;
+  for (int64_t rh = 0; rh < c.RH; ++rh)
+    tail.insert(tail.end(), P2.key_group.begin() + rh * c.n + keep, P2.key_group.begin() + (rh + 1) * c.n);
+  P.idx.append(tail.data(), c.n - keep);
+  runs.sync(P.idx, P2.k.data(), P2.v.data(), c.kv_heads, c.hd, P.s.kv_stride);
+  EXPECT_EQ(runs.n_keys, c.n);
+  for (int64_t x = 0; x < (int64_t)runs.rows.size(); ++x) EXPECT_EQ(runs.rows[x], (int64_t)P2.idx.members[x].size());
+  const int64_t t = c.n - 1;
+  AttnShape s = P2.s;
+  s.q_pos0 = t;
+  s.n_q = 1;
+  GroupedRouting r = P2.r;
+  r.query_groups = P2.query_groups.data() + t * c.heads * c.kq;
+  r.runs = &runs;
+  Out o{std::vector<float>(s.o_stride), std::vector<float>(s.heads)};
+  focus::cpu::grouped_attention(P2.q.data() + t * s.q_stride, P2.k.data(), P2.v.data(), o.o.data(), o.lse.data(), s,
+                                r, P.idx);
+  EXPECT_LE(rel_err(o, 1, 0, run_ref(P2), c.n, t, 1, c.heads, c.hd), kTol);
+  // Runs behind the cache (not brought up to date) are refused, not read.
+  GroupedKvRuns stale;
+  P.idx.truncate(keep);
+  stale.sync(P.idx, P2.k.data(), P2.v.data(), c.kv_heads, c.hd, P.s.kv_stride);
+  P.idx.append(tail.data(), c.n - keep);
+  r.runs = &stale;
+  EXPECT_THROW(focus::cpu::grouped_attention(P2.q.data() + t * s.q_stride, P2.k.data(), P2.v.data(), o.o.data(),
+                                             o.lse.data(), s, r, P.idx),
+               focus::Error);
+  // Routing heads that do not divide the kv heads have no runs.
+  Case c3 = c;
+  c3.RH = 6;
+  Problem P3;
+  make(P3, c3);
+  EXPECT_THROW(stale.sync(P3.idx, P3.k.data(), P3.v.data(), c.kv_heads, c.hd, P3.s.kv_stride), focus::Error);
+}
+
 // Blocks that hold every key make the hybrid pattern dense causal attention, whatever the groups.
 TEST(GroupedAttention, HybridAllBlocksIsDenseCausal) {
   const Case c{.n = 130, .heads = 6, .kv_heads = 2, .window = 3, .RH = 2, .unused = 0.0, .kb = 13, .block = 10};

@@ -251,6 +251,9 @@ TEST(MemoryEstimate, KvCacheEstimateIsTheAllocationAndLimitsParse) {
     EXPECT_EQ(need.parts[0].first, "KV cache");
     EXPECT_EQ(need.parts[0].second, (double)cache.bytes());
     EXPECT_GT(need.total(), need.parts[0].second);
+    // Two layers' keys and values kept again while decoding (grouped Focus's runs of its groups).
+    const MemoryNeed more = inference_memory(c, 37, 5, t, 2, 2);
+    EXPECT_EQ(more.total() - need.total(), 2.0 * (double)cache.bytes() / (double)c.layers);
   }
   EXPECT_EQ(format_bytes(512), "512 B");
   EXPECT_EQ(format_bytes(1536), "1.50 KiB");

@@ -54,7 +54,8 @@ int run_model_bench(const Model& m, const AttentionPlan* plan, const std::string
   for (int64_t d : o.depth) longest = std::max(longest, d + o.gen), widest = std::max(widest, d);
   // Paired with dense generation, a second cache is held.
   const int64_t caches = o.against_dense && plan && !o.depth.empty() ? 2 : 1;
-  check_inference_memory("bench model", c, caches * longest, widest, o.kv_type, 1, "lower --prefill / --depth");
+  check_inference_memory("bench model", c, caches * longest, widest, o.kv_type, 1, "lower --prefill / --depth",
+                         o.depth.empty() ? 0 : decode_kv_copies(c, plan));
   nlohmann::json j;
   j["model"] = m.path;
   j["weights"] = m.w.weights_mode;

@@ -205,6 +205,9 @@ struct KeyRoutingState final : AttentionState {
   cpu::GroupedKeyIndex index;
   std::unique_ptr<BlockTopKState> blocks;  // the hybrid pattern's positional blocks, or null
   std::vector<std::vector<float>> far_k;   // [RH][len] the keys' far-pair terms (far_bias), else empty
+  // Decoding: each group's keys and values copied into one run (made at the first decoding step,
+  // then kept up to date), so that a step streams its groups instead of gathering them.
+  cpu::GroupedKvRuns runs;
   int64_t len() const { return (int64_t)key_group[0].size(); }
   void truncate(int64_t n) override {
     if (blocks) blocks->truncate(n);
@@ -216,6 +219,7 @@ struct KeyRoutingState final : AttentionState {
       if (!far_k.empty()) far_k[r].resize(n);
     }
     index.truncate(n);
+    runs.truncate(index, n);
   }
 };
 
@@ -440,6 +444,9 @@ class AsymmetricFocusAttention final : public AttentionPolicy {
     }
   }
 
+  // The groups' runs (KeyRoutingState::runs).
+  int64_t decode_kv_copies() const override { return 1; }
+
   void attend(const AttentionCall& a, std::unique_ptr<AttentionState>& state, AttentionStats* stats) const override {
     FOCUS_CHECK(fs_.mode == FocusMode::Hard, "asymmetric routers run in hard or window mode (they train by "
                 "distillation, with no soft form)");
@@ -569,8 +576,12 @@ class AsymmetricFocusAttention final : public AttentionPolicy {
       const cpu::SoftKeys keys{mk.data(), nullptr, RH};
       cpu::soft_attention_forward(a.q, a.k, a.v, mq.data(), a.out, nullptr, sparse_shape(a), keys);
     } else if (a.pos0 > 0) {
-      cpu::grouped_attention(a.q, cache_or_floats(a.cache_k, a.k), cache_or_floats(a.cache_v, a.v), a.out, nullptr, s,
-                             routing, ks->index);
+      const cpu::KvView kc = cache_or_floats(a.cache_k, a.k), vc = cache_or_floats(a.cache_v, a.v);
+      if (T * c.heads <= cpu::kFewPairs && c.kv_heads % RH == 0) {  // decoding: the groups from their runs
+        ks->runs.sync(ks->index, kc, vc, c.kv_heads, c.head_dim, s.kv_stride);
+        routing.runs = &ks->runs;
+      }
+      cpu::grouped_attention(a.q, kc, vc, a.out, nullptr, s, routing, ks->index);
     } else {
       cpu::grouped_attention(a.q, a.k, a.v, a.out, nullptr, s, routing, ks->index);
     }

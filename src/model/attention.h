@@ -95,6 +95,9 @@ class AttentionPolicy {
   // Whether attend, when pos0 > 0, reads the keys and values through c.cache_k / c.cache_v only.
   // Otherwise a cache of 16-bit elements is widened into a float copy for each such call.
   virtual bool reads_cache_views() const { return false; }
+  // Copies of the layer's keys and values the policy keeps beside the cache while decoding (grouped
+  // Focus: its groups' runs), for the memory estimate of a generation.
+  virtual int64_t decode_kv_copies() const { return 0; }
 };
 
 // The kernels' shape for layer `layer` of c: T query rows at positions pos0 .. pos0+T-1 against

@@ -34,10 +34,12 @@ int64_t KVCache::bytes() const {
 }
 
 MemoryNeed inference_memory(const ModelConfig& c, int64_t positions, int64_t batch, cpu::KvType kv,
-                            int64_t logit_rows) {
+                            int64_t logit_rows, int64_t kv_copies) {
   const double D = (double)c.dim, QD = (double)c.q_dim(), KD = (double)c.kv_dim(), F = (double)c.ffn;
+  const double layer_kv = (c.shared_kv() ? 1.0 : 2.0) * (double)positions * KD * (double)cpu::kv_type_bytes(kv);
   MemoryNeed need;
-  need.add("KV cache", (c.shared_kv() ? 1.0 : 2.0) * (double)c.layers * (double)positions * KD * (double)cpu::kv_type_bytes(kv));
+  need.add("KV cache", (double)c.layers * layer_kv);
+  if (kv_copies > 0) need.add("routed layers' group runs (decoding)", (double)kv_copies * layer_kv);
   // The block's buffers (norms, q, k, v, attention output, residual, MLP) and the hidden states;
   // the sparse kernels' per-head routing adds a little per token.
   need.add("activations",
@@ -47,9 +49,16 @@ MemoryNeed inference_memory(const ModelConfig& c, int64_t positions, int64_t bat
 }
 
 void check_inference_memory(const std::string& what, const ModelConfig& c, int64_t positions, int64_t batch,
-                            cpu::KvType kv, int64_t logit_rows, const std::string& hint) {
-  check_memory(what, inference_memory(c, positions, batch, kv, logit_rows),
+                            cpu::KvType kv, int64_t logit_rows, const std::string& hint, int64_t kv_copies) {
+  check_memory(what, inference_memory(c, positions, batch, kv, logit_rows, kv_copies),
                hint + (kv == cpu::KvType::F32 ? ", or use --kv-type f16" : ""));
+}
+
+int64_t decode_kv_copies(const ModelConfig& c, const AttentionPlan* plan) {
+  int64_t n = 0;
+  if (plan)
+    for (int64_t l = 0; l < c.layers; ++l) n += plan->at(l).decode_kv_copies();
+  return n;
 }
 
 void KVCache::truncate(int64_t n) {

@@ -45,7 +45,8 @@ GenerateResult generate(const Model& m, const std::vector<int32_t>& prompt, cons
   const int64_t cap = std::min(P + o.max_new_tokens, limit);
   check_inference_memory("generate (" + std::to_string(P) + " prompt tokens + " + std::to_string(cap - P) + " new)",
                          m.cfg, cap, P, o.kv_type, 1,
-                         "generate fewer tokens (-n) or shorten the prompt (the KV cache holds both)");
+                         "generate fewer tokens (-n) or shorten the prompt (the KV cache holds both)",
+                         decode_kv_copies(m.cfg, o.attention));
   const int32_t eos = m.tok ? m.tok->eos() : -1;
 
   KVCache cache;

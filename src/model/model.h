@@ -91,13 +91,16 @@ void forward(const Model& m, const int32_t* ids, int64_t T, KVCache& cache, floa
 
 // What running the model allocates beyond its weights: a KV cache of `positions` rows, the
 // activations of a forward pass over `batch` tokens (the blocks' buffers, the hidden states) and
-// `logit_rows` rows of logits.
+// `logit_rows` rows of logits; kv_copies more layers' keys and values of `positions` rows kept by
+// the attention policies while decoding (decode_kv_copies).
 MemoryNeed inference_memory(const ModelConfig& c, int64_t positions, int64_t batch, cpu::KvType kv,
-                            int64_t logit_rows);
+                            int64_t logit_rows, int64_t kv_copies = 0);
 // check_memory of inference_memory(...): refuses a job that would not fit before anything is
 // allocated; the hint gains "or use --kv-type f16" with a float32 cache.
 void check_inference_memory(const std::string& what, const ModelConfig& c, int64_t positions, int64_t batch,
-                            cpu::KvType kv, int64_t logit_rows, const std::string& hint);
+                            cpu::KvType kv, int64_t logit_rows, const std::string& hint, int64_t kv_copies = 0);
+// The layers' decode_kv_copies under plan (0 without one).
+int64_t decode_kv_copies(const ModelConfig& c, const AttentionPlan* plan);
 
 // logits[r, :] = hidden[r, :] . lm_head^T for r in [0, rows).
 void compute_logits(const Model& m, const float* hidden, int64_t rows, float* logits);

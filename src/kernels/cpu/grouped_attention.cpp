@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
 #include "core/error.h"
@@ -524,24 +525,59 @@ float merge_slices(const float* parts, int64_t slices, int64_t hd, float* out) {
   });
 }
 
+template <class E>
+constexpr KvType kv_type_of() {
+  return std::is_same_v<E, Half> ? KvType::F16 : std::is_same_v<E, BHalf> ? KvType::BF16 : KvType::F32;
+}
+
+// 0, 1, 2, ...: the row list of a slice that reads consecutive rows (a group's run).
+const int32_t* consecutive_rows() {
+  static const std::vector<int32_t> rows = [] {
+    std::vector<int32_t> x(kSlice);
+    for (int64_t i = 0; i < kSlice; ++i) x[i] = (int32_t)i;
+    return x;
+  }();
+  return rows.data();
+}
+
 // Few (row, head) pairs (decoding), keys and values of element type E: the query heads of a kv
 // head that read the same groups (the same routing head and group slots: always so with one
 // router per layer or per kv head) form one unit, computed together so that each key and value
 // row is loaded once for them; otherwise each (row, head) is its own unit. With blocks, a unit's
 // keys are its groups' plus the union of its heads' block keys, each hidden (a bias of -inf) from
-// the heads that do not read it. With far-pair terms, the group keys carry them as a bias (the heads
-// of a unit share one routing head, so one term). Every (unit, slice) is a task, so one long row
-// fills the threads; the slices are merged in order per head.
+// the heads that do not read it. With runs of the groups' keys (r.runs), a unit reads its sinks
+// and window from the cache and its groups' members beyond the window from their runs. With
+// far-pair terms, the group keys carry them as a bias (the heads of a unit share one routing head,
+// so one term). A unit's keys are cut into slices of at most kSlice keys; every (unit, slice) is a
+// task, so one long row fills the threads; the slices are merged in order per head.
 template <class E>
 void gathered_decode(const float* q, const E* k, const E* v, float* o, float* lse, const AttnShape& s,
                      const GroupedRouting& r, const GroupedKeyIndex& idx, bool with_groups) {
   const int64_t hd = s.head_dim, hpk = s.heads / s.kv_heads, part = hd + 2;
-  // With far-pair terms, the group keys [far0, far1) of a unit's list get far_eq + e_key as a bias,
-  // one row for all the unit's heads (bias_hs 0), filled by the task of each slice.
+  const GroupedKvRuns* runs = with_groups ? r.runs : nullptr;
+  if (runs) {
+    FOCUS_CHECK(runs->type == kv_type_of<E>() && runs->n_groups == r.n_groups && runs->route_heads == r.route_heads &&
+                    runs->kv_per_route * r.route_heads == s.kv_heads && runs->head_dim == hd &&
+                    runs->n_keys >= s.n_kv,
+                "grouped attention: the runs of group keys do not match the routing or the cache");
+  }
   struct Unit {
     int64_t t, h0, nh;
-    int64_t far_rh = -1, far0 = 0, far1 = 0;  // far_rh: the routing head of its terms, -1 without
+    int64_t far_rh = -1;  // the routing head of its far-pair terms, -1 without
     float far_eq = 0.f;
+  };
+  // One slice of a unit: rows idx[0 .. len) of kb, vb (stride elements apart); rows [f0, f1) are
+  // group keys whose far-pair terms are those of positions pos[f0 .. f1).
+  struct Task {
+    int64_t u;
+    const E *kb, *vb;
+    int64_t stride;
+    const int32_t* idx;
+    int64_t len;
+    const int32_t* pos;
+    int64_t f0, f1;
+    const float* bias;  // blocks: [nh][kSlice] (bias_hs kSlice), or null
+    int64_t out;        // its partial states: parts + out, one per head of the unit
   };
   std::vector<Unit> units;
   for (int64_t t = 0; t < s.n_q; ++t)
@@ -555,51 +591,78 @@ void gathered_decode(const float* q, const E* k, const E* v, float* o, float* ls
     }
   const int64_t U = (int64_t)units.size();
   std::vector<std::vector<int32_t>> keys(U);
-  // [slices, nh, kSlice] when the unit's heads read different blocks (bias_hs kSlice)
-  std::vector<std::vector<float>> bias(U);
-  std::vector<int64_t> first(U + 1, 0), part_off(U + 1, 0);
+  std::vector<std::vector<float>> bias(U);  // [slices, nh, kSlice] when the unit's heads read different blocks
+  std::vector<Task> tasks;
+  std::vector<int64_t> first(U + 1, 0);  // the tasks of unit u: first[u] .. first[u+1]-1
+  int64_t n_parts = 0;
   for (int64_t u = 0; u < U; ++u) {
     Unit& un = units[u];
+    const int64_t kvh = un.h0 / hpk, rh = route_of(s, r, un.h0);
     int64_t g0 = 0, g1 = 0;
-    row_keys(s, r, idx, un.t, un.h0, with_groups, keys[u], &g0, &g1);
+    row_keys(s, r, idx, un.t, un.h0, with_groups && !runs, keys[u], &g0, &g1);
     if (with_groups && r.kb > 0) add_unit_block_keys(s, r, idx, un.t, un.h0, un.nh, keys[u], bias[u]);
-    const int64_t slices = ((int64_t)keys[u].size() + kSlice - 1) / kSlice;
-    if (with_groups && r.far_q && g1 > g0) {  // (no blocks with far terms: check_routing)
-      un.far_rh = route_of(s, r, un.h0);
-      un.far_eq = r.far_q[un.far_rh][un.t];
-      un.far0 = g0;
-      un.far1 = g1;
+    if (with_groups && r.far_q) {  // (no blocks with far terms: check_routing)
+      un.far_rh = rh;
+      un.far_eq = r.far_q[rh][un.t];
     }
-    first[u + 1] = first[u] + slices;
-    part_off[u + 1] = part_off[u] + slices * units[u].nh * part;
+    const int64_t n = (int64_t)keys[u].size();
+    for (int64_t m0 = 0; m0 < n; m0 += kSlice) {
+      const int64_t len = std::min(kSlice, n - m0), c = m0 / kSlice;
+      const int32_t* kl = keys[u].data() + m0;
+      tasks.push_back({u, k + kvh * hd, v + kvh * hd, s.kv_stride, kl, len, kl, std::clamp(g0 - m0, int64_t{0}, len),
+                       std::clamp(g1 - m0, int64_t{0}, len), bias[u].empty() ? nullptr : bias[u].data() + c * un.nh * kSlice,
+                       n_parts});
+      n_parts += un.nh * part;
+    }
+    const int64_t lo = std::max<int64_t>(0, s.q_pos0 + un.t - s.local_window + 1);
+    if (!runs || lo <= s.sinks) {
+      first[u + 1] = (int64_t)tasks.size();
+      continue;
+    }
+    const int32_t* gs = r.query_groups + (un.t * s.heads + un.h0) * r.kq;
+    const int64_t W = runs->width(), col = (kvh - rh * runs->kv_per_route) * hd;
+    for (int c = 0; c < r.kq; ++c) {
+      if (gs[c] < 0) continue;
+      const std::vector<int32_t>& m = idx.group(rh, gs[c]);
+      const int64_t x = rh * r.n_groups + gs[c];
+      const int64_t a = std::lower_bound(m.begin(), m.end(), (int32_t)s.sinks) - m.begin();
+      const int64_t b = std::lower_bound(m.begin() + a, m.end(), (int32_t)lo) - m.begin();
+      FOCUS_CHECK(runs->rows[x] >= b, "grouped attention: the run of group ", gs[c], " (routing head ", rh,
+                  ") holds ", runs->rows[x], " keys, ", b, " needed");
+      const E* rk = reinterpret_cast<const E*>(runs->k[x].data()) + col;
+      const E* rv = reinterpret_cast<const E*>(runs->v[x].data()) + col;
+      for (int64_t m0 = a; m0 < b; m0 += kSlice) {
+        const int64_t len = std::min(kSlice, b - m0);
+        tasks.push_back({u, rk + m0 * W, rv + m0 * W, W, consecutive_rows(), len, m.data() + m0, 0,
+                         un.far_rh >= 0 ? len : 0, nullptr, n_parts});
+        n_parts += un.nh * part;
+      }
+    }
+    first[u + 1] = (int64_t)tasks.size();
   }
-  std::vector<float> parts(part_off[U]);
-  const int64_t tasks = first[U];
+  std::vector<float> parts(n_parts);
+  const int64_t n_tasks = (int64_t)tasks.size();
   std::atomic<int64_t> bad_far{-1};  // a key whose far-pair term is not finite: (unit << 32) + key
-#pragma omp parallel if (tasks > 1 && tasks * kSlice * hd > 32768)
+#pragma omp parallel if (n_tasks > 1 && n_tasks * kSlice * hd > 32768)
   {
     std::vector<float> sc(hpk * kSlice), far_row(kSlice);
 #pragma omp for schedule(dynamic, 1)
-    for (int64_t task = 0; task < tasks; ++task) {
-      const int64_t u = std::upper_bound(first.begin(), first.end(), task) - first.begin() - 1;
-      const Unit& un = units[u];
-      const int64_t c = task - first[u], m0 = c * kSlice;
-      const int64_t len = std::min<int64_t>(kSlice, (int64_t)keys[u].size() - m0), kvh = un.h0 / hpk;
-      const int32_t* kl = keys[u].data() + m0;
-      const float* b = bias[u].empty() ? nullptr : bias[u].data() + c * un.nh * kSlice;
-      if (un.far_rh >= 0) {
+    for (int64_t i = 0; i < n_tasks; ++i) {
+      const Task& tk = tasks[i];
+      const Unit& un = units[tk.u];
+      const float* b = tk.bias;
+      if (un.far_rh >= 0 && tk.f1 > tk.f0) {
         const float* ek = r.far_k[un.far_rh];
-        for (int64_t m = 0; m < len; ++m) {
-          const bool far = m0 + m >= un.far0 && m0 + m < un.far1;
-          const float e = far ? ek[kl[m]] : 0.f;
-          if (!std::isfinite(e)) bad_far.store(u * (int64_t{1} << 32) + kl[m]);
+        for (int64_t m = 0; m < tk.len; ++m) {
+          const bool far = m >= tk.f0 && m < tk.f1;
+          const float e = far ? ek[tk.pos[m]] : 0.f;
+          if (!std::isfinite(e)) bad_far.store(tk.u * (int64_t{1} << 32) + tk.pos[m]);
           far_row[m] = far ? un.far_eq + e : 0.f;
         }
         b = far_row.data();
       }
-      heads_slice_partials(q + un.t * s.q_stride + un.h0 * hd, un.nh, k + kvh * hd, v + kvh * hd, s.kv_stride, kl, b,
-                           len, hd, s.scale, sc.data(), parts.data() + part_off[u] + c * un.nh * part, part,
-                           un.far_rh >= 0 ? 0 : kSlice);
+      heads_slice_partials(q + un.t * s.q_stride + un.h0 * hd, un.nh, tk.kb, tk.vb, tk.stride, tk.idx, b, tk.len, hd,
+                           s.scale, sc.data(), parts.data() + tk.out, part, b == tk.bias ? kSlice : 0);
     }
   }
   if (const int64_t x = bad_far.load(); x >= 0) {
@@ -609,11 +672,10 @@ void gathered_decode(const float* q, const E* k, const E* v, float* o, float* ls
   }
   for (int64_t u = 0; u < U; ++u) {
     const Unit& un = units[u];
-    const int64_t slices = first[u + 1] - first[u];
     for (int64_t hh = 0; hh < un.nh; ++hh) {
       const int64_t h = un.h0 + hh;
-      const float l = merge_partials(slices, hd, o + un.t * s.o_stride + h * hd, [&](int64_t c) {
-        const float* pr = parts.data() + part_off[u] + (c * un.nh + hh) * part;
+      const float l = merge_partials(first[u + 1] - first[u], hd, o + un.t * s.o_stride + h * hd, [&](int64_t c) {
+        const float* pr = parts.data() + tasks[first[u] + c].out + hh * part;
         return Partial{pr[0], pr[1], pr + 2};
       });
       if (lse) lse[h * s.n_q + un.t] = l;
@@ -740,6 +802,65 @@ void GroupedKeyIndex::truncate(int64_t n) {
   FOCUS_CHECK(n >= 0 && n <= n_keys, "GroupedKeyIndex: cannot truncate ", n_keys, " keys to ", n);
   for (auto& m : members) m.resize(std::lower_bound(m.begin(), m.end(), (int32_t)n) - m.begin());
   n_keys = n;
+}
+
+void GroupedKvRuns::sync(const GroupedKeyIndex& idx, KvView kc, KvView vc, int64_t kv_heads, int64_t hd,
+                         int64_t kv_stride) {
+  FOCUS_CHECK(kc.type == vc.type, "grouped attention: keys and values of different types");
+  FOCUS_CHECK(idx.route_heads >= 1 && kv_heads % idx.route_heads == 0, "grouped attention: ", idx.route_heads,
+              " routing heads do not divide ", kv_heads, " kv heads (runs of group keys)");
+  if (rows.empty()) {
+    type = kc.type;
+    n_groups = idx.n_groups;
+    route_heads = idx.route_heads;
+    kv_per_route = kv_heads / idx.route_heads;
+    head_dim = hd;
+    n_keys = 0;
+    k.assign(route_heads * n_groups, {});
+    v.assign(route_heads * n_groups, {});
+    rows.assign(route_heads * n_groups, 0);
+  }
+  FOCUS_CHECK(type == kc.type && n_groups == idx.n_groups && route_heads == idx.route_heads &&
+                  kv_per_route * route_heads == kv_heads && head_dim == hd,
+              "grouped attention: the runs of group keys were made for another layout");
+  const int64_t es = kv_type_bytes(type), row = width() * es;
+  const uint8_t *ks = static_cast<const uint8_t*>(kc.data), *vs = static_cast<const uint8_t*>(vc.data);
+  for (int64_t rh = 0; rh < route_heads; ++rh)
+    for (int64_t g = 0; g < n_groups; ++g) {
+      const int64_t x = rh * n_groups + g;
+      const std::vector<int32_t>& m = idx.group(rh, g);
+      const int64_t have = rows[x], want = (int64_t)m.size();
+      if (want <= have) continue;
+      k[x].resize(want * row);
+      v[x].resize(want * row);
+      const int64_t off = rh * kv_per_route * hd * es;  // the routing head's kv heads in a cache row
+      for (int64_t i = have; i < want; ++i) {
+        const int64_t src = (int64_t)m[i] * kv_stride * es + off;
+        std::memcpy(k[x].data() + i * row, ks + src, row);
+        std::memcpy(v[x].data() + i * row, vs + src, row);
+      }
+      rows[x] = want;
+    }
+  n_keys = idx.n_keys;
+}
+
+void GroupedKvRuns::truncate(const GroupedKeyIndex& idx, int64_t n) {
+  if (rows.empty()) return;
+  FOCUS_CHECK(idx.n_keys <= n && (int64_t)idx.members.size() == (int64_t)rows.size(),
+              "GroupedKvRuns: truncate the key index first");
+  const int64_t row = width() * kv_type_bytes(type);
+  for (size_t x = 0; x < rows.size(); ++x) {
+    rows[x] = std::min<int64_t>(rows[x], (int64_t)idx.members[x].size());
+    k[x].resize(rows[x] * row);
+    v[x].resize(rows[x] * row);
+  }
+  n_keys = std::min(n_keys, n);
+}
+
+size_t GroupedKvRuns::bytes() const {
+  size_t b = 0;
+  for (size_t x = 0; x < k.size(); ++x) b += k[x].capacity() + v[x].capacity();
+  return b;
 }
 
 void GroupedKeyIndex::grow(int64_t G) {

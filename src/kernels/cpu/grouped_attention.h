@@ -20,6 +20,8 @@
 
 namespace focus::cpu {
 
+struct GroupedKvRuns;
+
 // The routing of one call. Query head h uses routing head r(h) = h / (heads / route_heads)
 // (route_heads = 1: one routing per layer; kv_heads: one per kv head; heads: one per query head).
 struct GroupedRouting {
@@ -39,6 +41,10 @@ struct GroupedRouting {
   // scores scale * q.k + far_q[r][t] + far_k[r][j]. Both set or neither; finite; not with blocks.
   const float* const* far_q = nullptr;  // [RH] rows of n_q floats: the terms of this call's rows
   const float* const* far_k = nullptr;  // [RH] rows of n_kv floats: the terms of keys 0 .. n_kv-1
+  // Optional, decoding over a cache (see GroupedKvRuns): the group keys beyond the window are read
+  // from these runs instead of gathered from k and v (the same pairs; the partial sums are cut
+  // differently, so the result is the same up to rounding). Calls with many rows ignore them.
+  const GroupedKvRuns* runs = nullptr;
 };
 
 // The pattern. Query row t has position p = s.q_pos0 + t; pair (t, j) is visible for head h iff
@@ -77,6 +83,31 @@ struct GroupedKeyIndex {
   // rebuilding it. O(RH * G).
   void grow(int64_t G);
   const std::vector<int32_t>& group(int64_t r, int64_t g) const { return members[r * n_groups + g]; }
+};
+
+// The keys and values of every (routing head, group) copied into one contiguous run, in member
+// order, for decoding. A decoding row reads a few groups' members beyond its window: gathered
+// from the cache, each is a cache miss of its own (the members of one group are spread over the
+// whole sequence); read from a run, they stream. The price is a second copy of the keys and
+// values of the layer. Routing head r holds the rows of its kv heads (kv_heads / route_heads of
+// them, side by side: a run's row is width = that many times head_dim elements), so route_heads
+// must divide kv_heads. A KV cache keeps the runs beside its GroupedKeyIndex: sync after the
+// index grows, truncate when it is truncated.
+struct GroupedKvRuns {
+  KvType type = KvType::F32;
+  int64_t n_groups = 0, route_heads = 0, kv_per_route = 0, head_dim = 0;
+  int64_t n_keys = 0;                     // the runs hold the members of positions 0 .. n_keys-1
+  std::vector<std::vector<uint8_t>> k, v;  // [RH * G] rows of width elements of type `type`
+  std::vector<int64_t> rows;               // [RH * G] rows each run holds
+  int64_t width() const { return kv_per_route * head_dim; }
+  // Copies the rows of the members idx holds beyond the runs' (positions n_keys .. idx.n_keys-1)
+  // from the cache k, v ([n, kv_heads, head_dim], rows kv_stride elements apart, at least
+  // idx.n_keys rows). The first call fixes the layout; a later one with another throws.
+  void sync(const GroupedKeyIndex& idx, KvView k, KvView v, int64_t kv_heads, int64_t head_dim, int64_t kv_stride);
+  // Keeps the members of positions 0 .. n-1: call after idx.truncate(n).
+  void truncate(const GroupedKeyIndex& idx, int64_t n);
+  bool empty() const { return rows.empty(); }
+  size_t bytes() const;
 };
 
 // The obviously-correct version: every key of a row tested against the pattern, scores and sums

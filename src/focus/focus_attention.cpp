@@ -477,17 +477,27 @@ class AsymmetricFocusAttention final : public AttentionPolicy {
                                        a.pos0 + a.T);
     // Keys: the best group with room, room = key_capacity times the mean load of the keys so far
     // (a key's group depends on the keys before it only: causal).
-    std::vector<int32_t> kg(RH * T);  // [RH, T]
-    std::vector<float> in, pk, pq;    // with group weights: the routers' softmax [RH, T, G]
+    // The buffers of a call, kept per thread (a decoding step makes no allocations of its own).
+    thread_local struct Scratch {
+      RouterCache kc, qc;
+      std::vector<int32_t> kg, top, qg;
+      std::vector<float> in, pk, pq, pr, far_q;
+      std::vector<const float*> far_qp, far_kp;
+    } sc;
+    std::vector<int32_t>& kg = sc.kg;  // [RH, T]
+    kg.resize(RH * T);
+    std::vector<float>&in = sc.in, &pk = sc.pk, &pq = sc.pq;  // pk, pq with group weights: the routers' softmax [RH, T, G]
     FOCUS_CHECK(!fs_.group_bias || a.pos0 == 0, "Focus with group weights runs whole windows from position 0 (layer ",
                 a.layer, "): the grouped kernels that decode from a cache have no group weights");
     if (fs_.group_bias) {
       pk.resize(RH * T * G);
       pq.resize(RH * T * G);
     }
-    const std::vector<float> pr = proj_.rows(a.xn, T);  // every router's key and query projections, if kept
+    std::vector<float>& pr = sc.pr;  // every router's key and query projections, if kept
+    pr.resize(proj_.stride * T);
+    if (proj_.stride > 0) proj_.project(a.xn, T, pr.data());
     for (int64_t r = 0; r < RH; ++r) {
-      RouterCache kc;
+      RouterCache& kc = sc.kc;
       router_forward(rp_[r], router_input(a, fs_, r, RH, RouterSide::Key, in), T, kc, RouterSide::Key, fs_.group_bias,
                      kept_projection(pr, r, RouterSide::Key), proj_.stride);
       if (fs_.group_bias) std::copy(kc.p.begin(), kc.p.end(), pk.begin() + r * T * G);
@@ -507,10 +517,11 @@ class AsymmetricFocusAttention final : public AttentionPolicy {
     // router serves.
     const int k = fs_.topk;
     const int64_t heads_per = c.heads / RH;
-    std::vector<int32_t> top(RH * T * k), qg(T * c.heads * k);  // top: [RH, T, k]
+    std::vector<int32_t>&top = sc.top, &qg = sc.qg;  // top: [RH, T, k]
+    top.resize(RH * T * k);
+    qg.resize(T * c.heads * k);
     for (int64_t r = 0; r < RH; ++r) {
-      RouterCache qc;
-      std::vector<float> in;
+      RouterCache& qc = sc.qc;
       router_forward(rp_[r], router_input(a, fs_, r, RH, RouterSide::Query, in), T, qc, RouterSide::Query,
                      fs_.group_bias, kept_projection(pr, r, RouterSide::Query), proj_.stride);
       if (fs_.group_bias) std::copy(qc.p.begin(), qc.p.end(), pq.begin() + r * T * G);
@@ -548,8 +559,10 @@ class AsymmetricFocusAttention final : public AttentionPolicy {
       routing.query_blocks = qb.data();
     }
     // Far-pair terms without group weights: the queries' terms [RH, T] beside the keys' in the state.
-    std::vector<float> far_q;
-    std::vector<const float*> far_qp, far_kp;
+    std::vector<float>& far_q = sc.far_q;
+    std::vector<const float*>&far_qp = sc.far_qp, &far_kp = sc.far_kp;
+    far_qp.clear();
+    far_kp.clear();
     if (fs_.far_bias && !fs_.group_bias) {
       far_q.resize(RH * T);
       for (int64_t r = 0; r < RH; ++r) {

@@ -579,7 +579,17 @@ void gathered_decode(const float* q, const E* k, const E* v, float* o, float* ls
     const float* bias;  // blocks: [nh][kSlice] (bias_hs kSlice), or null
     int64_t out;        // its partial states: parts + out, one per head of the unit
   };
-  std::vector<Unit> units;
+  // The buffers of a call, kept per thread (a decoding step makes no allocations of its own).
+  thread_local struct {
+    std::vector<Unit> units;
+    std::vector<std::vector<int32_t>> keys;
+    std::vector<std::vector<float>> bias;  // [slices, nh, kSlice] when the unit's heads read different blocks
+    std::vector<Task> tasks;
+    std::vector<int64_t> first;  // the tasks of unit u: first[u] .. first[u+1]-1
+    std::vector<float> parts;
+  } scratch;
+  std::vector<Unit>& units = scratch.units;
+  units.clear();
   for (int64_t t = 0; t < s.n_q; ++t)
     for (int64_t kvh = 0; kvh < s.kv_heads; ++kvh) {
       const int64_t h0 = kvh * hpk;
@@ -590,16 +600,20 @@ void gathered_decode(const float* q, const E* k, const E* v, float* o, float* ls
         for (int64_t hh = 0; hh < hpk; ++hh) units.push_back({t, h0 + hh, 1});
     }
   const int64_t U = (int64_t)units.size();
-  std::vector<std::vector<int32_t>> keys(U);
-  std::vector<std::vector<float>> bias(U);  // [slices, nh, kSlice] when the unit's heads read different blocks
-  std::vector<Task> tasks;
-  std::vector<int64_t> first(U + 1, 0);  // the tasks of unit u: first[u] .. first[u+1]-1
+  std::vector<std::vector<int32_t>>& keys = scratch.keys;
+  std::vector<std::vector<float>>& bias = scratch.bias;
+  if ((int64_t)keys.size() < U) keys.resize(U), bias.resize(U);
+  std::vector<Task>& tasks = scratch.tasks;
+  tasks.clear();
+  std::vector<int64_t>& first = scratch.first;
+  first.assign(U + 1, 0);
   int64_t n_parts = 0;
   for (int64_t u = 0; u < U; ++u) {
     Unit& un = units[u];
     const int64_t kvh = un.h0 / hpk, rh = route_of(s, r, un.h0);
     int64_t g0 = 0, g1 = 0;
     row_keys(s, r, idx, un.t, un.h0, with_groups && !runs, keys[u], &g0, &g1);
+    bias[u].clear();
     if (with_groups && r.kb > 0) add_unit_block_keys(s, r, idx, un.t, un.h0, un.nh, keys[u], bias[u]);
     if (with_groups && r.far_q) {  // (no blocks with far terms: check_routing)
       un.far_rh = rh;
@@ -640,12 +654,15 @@ void gathered_decode(const float* q, const E* k, const E* v, float* o, float* ls
     }
     first[u + 1] = (int64_t)tasks.size();
   }
-  std::vector<float> parts(n_parts);
+  std::vector<float>& parts = scratch.parts;
+  parts.resize(n_parts);
   const int64_t n_tasks = (int64_t)tasks.size();
   std::atomic<int64_t> bad_far{-1};  // a key whose far-pair term is not finite: (unit << 32) + key
 #pragma omp parallel if (n_tasks > 1 && n_tasks * kSlice * hd > 32768)
   {
-    std::vector<float> sc(hpk * kSlice), far_row(kSlice);
+    thread_local std::vector<float> sc, far_row;
+    sc.resize(hpk * kSlice);
+    far_row.resize(kSlice);
 #pragma omp for schedule(dynamic, 1)
     for (int64_t i = 0; i < n_tasks; ++i) {
       const Task& tk = tasks[i];

@@ -87,6 +87,10 @@ void slice_generic(const float* q, int64_t nh, const E* k, const E* v, int64_t k
   }
 }
 
+// Vector registers (16 with AVX2, 32 with AVX-512): the value pass's accumulators must fit in
+// them with the weights and a row vector; a spilled accumulator costs a store and a load per key.
+constexpr int kRegs = kV >= 16 ? 32 : 16;
+
 // head_dim = NV vectors: a key row is widened once into registers for all the heads, the
 // exponentials of a head's slice are taken a vector at a time, and the values are summed into
 // register accumulators, up to four heads and a few vectors of the row per pass.
@@ -102,9 +106,14 @@ void slice_vec(const float* q, int64_t nh, const E* k, const E* v, int64_t kv_st
     for (int x = 0; x < NV; ++x) kr_v[x] = kv_load_vec(kr + x * kV);
     for (int64_t hh = 0; hh < nh; ++hh) {
       const float* qr = q + hh * D;
-      vf acc = load(qr) * kr_v[0];
-      for (int x = 1; x < NV; ++x) acc = vfma(load(qr + x * kV), kr_v[x], acc);
-      sc[hh * kSlice + m] = hsum(acc) * scale + (bias ? bias[hh * bias_hs + m] : 0.f);
+      // Two chains (even and odd vectors of the row), half as long as one.
+      vf acc0 = load(qr) * kr_v[0], acc1{};
+      if constexpr (NV > 1) acc1 = load(qr + kV) * kr_v[1];
+      for (int x = 2; x < NV; x += 2) {
+        acc0 = vfma(load(qr + x * kV), kr_v[x], acc0);
+        if (x + 1 < NV) acc1 = vfma(load(qr + (x + 1) * kV), kr_v[x + 1], acc1);
+      }
+      sc[hh * kSlice + m] = hsum(acc0 + acc1) * scale + (bias ? bias[hh * bias_hs + m] : 0.f);
     }
   }
   const float ninf = -std::numeric_limits<float>::infinity();
@@ -130,16 +139,17 @@ void slice_vec(const float* q, int64_t nh, const E* k, const E* v, int64_t kv_st
   }
   for (int64_t h0 = 0; h0 < nh; h0 += 4) {
     with_count<4>((int)std::min<int64_t>(4, nh - h0), [&]<int NH>() {
-      for_chunks<16 / NH>(NV, [&]<int XC>(int x0) {
+      // NH heads' accumulators of XC vectors, their NH weights and one row vector stay in registers.
+      for_chunks<(kRegs - 1 - NH) / NH>(NV, [&]<int XC>(int x0) {
         vf acc[NH][XC] = {};
         for (int64_t m = 0; m < len; ++m) {
           if (m + kAhead < len) prefetch_row(v + (int64_t)idx[m + kAhead] * kv_stride + x0 * kV, XC * kV);
           const E* vr = v + (int64_t)idx[m] * kv_stride + x0 * kV;
-          vf vv[XC];
-          for (int x = 0; x < XC; ++x) vv[x] = kv_load_vec(vr + x * kV);
-          for (int hh = 0; hh < NH; ++hh) {
-            const vf wv = bcast(sc[(h0 + hh) * kSlice + m]);
-            for (int x = 0; x < XC; ++x) acc[hh][x] = vfma(wv, vv[x], acc[hh][x]);
+          vf wv[NH];
+          for (int hh = 0; hh < NH; ++hh) wv[hh] = bcast(sc[(h0 + hh) * kSlice + m]);
+          for (int x = 0; x < XC; ++x) {
+            const vf vv = kv_load_vec(vr + x * kV);
+            for (int hh = 0; hh < NH; ++hh) acc[hh][x] = vfma(wv[hh], vv, acc[hh][x]);
           }
         }
         for (int hh = 0; hh < NH; ++hh) {

@@ -15,6 +15,7 @@
 
 using focus::RouterConfig;
 using focus::RouterParams;
+using focus::RouterSide;
 
 namespace {
 
@@ -274,6 +275,57 @@ TEST(Router, ScoresDoNotDependOnTheRowsRoutedTogether) {
         for (int64_t g = 0; g < rows * rc.G; ++g) {
           ASSERT_EQ(q.s[g], all_queries.s[i0 * rc.G + g]) << "kept projections, " << rows << " rows at " << i0;
           ASSERT_EQ(k.s[g], all_keys.s[i0 * rc.G + g]) << "kept projections (keys), " << rows << " rows at " << i0;
+        }
+      }
+    }
+    focus::set_threads(saved);
+  }
+}
+
+// The far-pair terms come out of a kept projection (their vectors as columns beside the routers'
+// projections) bitwise as router_far_bias computes them from x, for any number of rows and threads;
+// and they are the formula's, against a float64 dot product.
+TEST(Router, FarTermsFromKeptProjectionsAreRouterFarBias) {
+  for (const RouterCase rc : {RouterCase{576, 16, 16, 41, false}, RouterCase{37, 5, 4, 23, false}}) {
+    SCOPED_TRACE(::testing::Message() << "D " << rc.D);
+    RouterConfig cfg;
+    cfg.dim = rc.D;
+    cfg.d_g = rc.dg;
+    cfg.groups = rc.G;
+    cfg.key_proj = true;
+    cfg.far_bias = true;
+    std::vector<RouterParams> rps;
+    for (uint64_t seed : {51, 52}) {
+      RouterParams rp = focus::router_init(cfg, seed);
+      const VF f = randn(2 * (rc.D + 1), seed + 100);  // the terms start at zero: give them weights
+      for (RouterSide side : {RouterSide::Query, RouterSide::Key})
+        for (int64_t d = 0; d <= rc.D; ++d)
+          rp.params[rp.far_offset(side) + d] = 0.1f * f[(side == RouterSide::Key ? rc.D + 1 : 0) + d];
+      rps.push_back(rp);
+    }
+    std::vector<std::pair<const RouterParams*, RouterSide>> list;
+    for (const RouterParams& rp : rps) list.push_back({&rp, RouterSide::Key}), list.push_back({&rp, RouterSide::Query});
+    const focus::RouterProjections kept = focus::router_projections(list, list);
+    ASSERT_EQ(kept.far.size(), 4u);
+    const VF x = randn(rc.n * rc.D, 53);
+    const int saved = focus::num_threads();
+    const std::pair<int64_t, int> runs[] = {{1, 1}, {1, 2}, {5, 2}, {rc.n, 1}, {rc.n, 2}};  // rows, threads
+    for (const auto& [rows, threads] : runs) {
+      focus::set_threads(threads);
+      std::vector<float> pr(rows * kept.stride), want(rows), got(rows);
+      kept.project(x.data(), rows, pr.data());
+      for (size_t p = 0; p < list.size(); ++p) {
+        const auto& [rp, side] = list[p];
+        focus::router_far_bias(*rp, x.data(), rows, side, want.data());
+        focus::router_far_bias_projected(*rp, side, pr.data() + kept.far[p], kept.stride, rows, got.data());
+        ASSERT_EQ(got, want) << rows << " rows, " << threads << " threads, term " << p;
+        const float* fv = rp->params.data() + rp->far_offset(side);
+        for (int64_t i = 0; i < rows; ++i) {
+          double dot = 0;
+          for (int64_t d = 0; d < rc.D; ++d) dot += (double)fv[d] * x[i * rc.D + d];
+          const double e = std::clamp(focus::kFarBiasGain * (dot / std::sqrt((double)rc.D) + fv[rc.D]),
+                                      -(double)focus::kFarBiasLimit, (double)focus::kFarBiasLimit);
+          ASSERT_NEAR(want[i], e, 1e-4 * std::max(1.0, std::fabs(e))) << "row " << i << ", term " << p;
         }
       }
     }

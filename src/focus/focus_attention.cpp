@@ -318,9 +318,10 @@ class AsymmetricFocusAttention final : public AttentionPolicy {
     // Inference on the hidden state: the routers stay as they are, so the projections of every
     // router and side are kept transposed side by side and run in one pass per row.
     if (grads_ || fs_.route_on_qk) return;
-    std::vector<std::pair<const RouterParams*, RouterSide>> list;
+    std::vector<std::pair<const RouterParams*, RouterSide>> list, far;
     for (int64_t r = 0; r < rh_; ++r) list.push_back({rp_ + r, RouterSide::Key}), list.push_back({rp_ + r, RouterSide::Query});
-    proj_ = router_projections(list);
+    if (fs_.far_bias) far = list;  // the far-pair terms' vectors too: the same pass computes them
+    proj_ = router_projections(list, far);
   }
   std::string name() const override { return fs_.blocks > 0 ? "focus-hybrid" : "focus-asymmetric"; }
   bool reads_cache_views() const override { return true; }
@@ -506,7 +507,7 @@ class AsymmetricFocusAttention final : public AttentionPolicy {
       if (fs_.far_bias) {
         std::vector<float>& fk = ks->far_k[r];
         fk.resize(a.pos0 + T);
-        router_far_bias(rp_[r], a.xn, T, RouterSide::Key, fk.data() + a.pos0);
+        far_terms(pr, r, RouterSide::Key, a.xn, T, fk.data() + a.pos0);
       }
     }
     ks->index.append(kg.data(), T);
@@ -566,7 +567,7 @@ class AsymmetricFocusAttention final : public AttentionPolicy {
     if (fs_.far_bias && !fs_.group_bias) {
       far_q.resize(RH * T);
       for (int64_t r = 0; r < RH; ++r) {
-        router_far_bias(rp_[r], a.xn, T, RouterSide::Query, far_q.data() + r * T);
+        far_terms(pr, r, RouterSide::Query, a.xn, T, far_q.data() + r * T);
         far_qp.push_back(far_q.data() + r * T);
         far_kp.push_back(ks->far_k[r].data());
       }
@@ -630,6 +631,15 @@ class AsymmetricFocusAttention final : public AttentionPolicy {
   // Router r's projection of `side` in rows pr of proj_ (null without kept projections).
   const float* kept_projection(const std::vector<float>& pr, int64_t r, RouterSide side) const {
     return pr.empty() ? nullptr : pr.data() + proj_.offset[2 * r + (side == RouterSide::Key ? 0 : 1)];
+  }
+  // Router r's far-pair terms of `side` for the T rows: from the kept projection's rows pr when it
+  // holds them, else from x (the same numbers).
+  void far_terms(const std::vector<float>& pr, int64_t r, RouterSide side, const float* x, int64_t T, float* e) const {
+    if (pr.empty() || proj_.far.empty())
+      router_far_bias(rp_[r], x, T, side, e);
+    else
+      router_far_bias_projected(rp_[r], side, pr.data() + proj_.far[2 * r + (side == RouterSide::Key ? 0 : 1)],
+                                proj_.stride, T, e);
   }
 
   std::vector<float>* grads_;  // rh_ gradient buffers, or null (inference)

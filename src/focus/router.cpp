@@ -177,7 +177,8 @@ RouterParams router_init(const RouterConfig& cfg, uint64_t seed) {
   return rp;
 }
 
-RouterProjections router_projections(const std::vector<std::pair<const RouterParams*, RouterSide>>& list) {
+RouterProjections router_projections(const std::vector<std::pair<const RouterParams*, RouterSide>>& list,
+                                     const std::vector<std::pair<const RouterParams*, RouterSide>>& far) {
   RouterProjections rp;
   FOCUS_CHECK(!list.empty(), "router_projections: no projections");
   rp.dim = list[0].first->cfg.dim;
@@ -188,12 +189,23 @@ RouterProjections router_projections(const std::vector<std::pair<const RouterPar
     rp.width.push_back(r->cfg.d_g);
     rp.stride += (r->cfg.d_g + kV - 1) / kV * kV;  // each projection starts on a whole vector
   }
+  for (const auto& [r, side] : far) {
+    check_params(*r);
+    FOCUS_CHECK(r->cfg.dim == rp.dim && r->cfg.far_bias, "router_projections: a far-pair term of another width or ",
+                "of a router without them");
+    rp.far.push_back(rp.stride + (int64_t)rp.far.size());
+  }
+  rp.stride += ((int64_t)far.size() + kV - 1) / kV * kV;
   const int64_t D = rp.dim;
   rp.wt.assign((size_t)(D * rp.stride), 0.f);
   for (size_t p = 0; p < list.size(); ++p) {
     const RouterParams& r = *list[p].first;
     transpose_into(r.params.data() + r.proj_offset(list[p].second), D, rp.width[p], rp.wt.data() + rp.offset[p],
                    rp.stride);
+  }
+  for (size_t p = 0; p < far.size(); ++p) {
+    const RouterParams& r = *far[p].first;
+    transpose_into(r.params.data() + r.far_offset(far[p].second), D, 1, rp.wt.data() + rp.far[p], rp.stride);
   }
   return rp;
 }
@@ -358,11 +370,20 @@ void router_far_bias(const RouterParams& rp, const float* x, int64_t n, RouterSi
   FOCUS_CHECK(rp.cfg.far_bias, "router_far_bias: the router has no far-pair terms");
   FOCUS_CHECK(n == 0 || (x && e), "router_far_bias: null buffer");
   const int64_t D = rp.cfg.dim;
-  const float* f = rp.params.data() + rp.far_offset(side);
-  const float b = f[D], inv = 1.f / std::sqrt((float)D);
-#pragma omp parallel for schedule(static) if (n * D > (1 << 18))
+  std::vector<float> fx(n);  // <f, x_i>
+  project(rp.params.data() + rp.far_offset(side), x, n, D, 1, fx.data(), n * D > (1 << 18));
+  router_far_bias_projected(rp, side, fx.data(), 1, n, e);
+}
+
+void router_far_bias_projected(const RouterParams& rp, RouterSide side, const float* projected, int64_t stride,
+                               int64_t n, float* e) {
+  check_params(rp);
+  FOCUS_CHECK(rp.cfg.far_bias, "router_far_bias: the router has no far-pair terms");
+  FOCUS_CHECK(n == 0 || (projected && e), "router_far_bias: null buffer");
+  const int64_t D = rp.cfg.dim;
+  const float b = rp.params[rp.far_offset(side) + D], inv = 1.f / std::sqrt((float)D);
   for (int64_t i = 0; i < n; ++i)
-    e[i] = std::clamp(kFarBiasGain * (dot(f, x + i * D, D) * inv + b), -kFarBiasLimit, kFarBiasLimit);
+    e[i] = std::clamp(kFarBiasGain * (projected[i * stride] * inv + b), -kFarBiasLimit, kFarBiasLimit);
 }
 
 void router_far_bias_backward(const RouterParams& rp, const float* x, int64_t n, RouterSide side, const float* e,

@@ -92,13 +92,17 @@ void router_forward(const RouterParams& rp, const float* x, int64_t n, RouterCac
 struct RouterProjections {
   int64_t dim = 0, stride = 0;         // input width D; floats per projected row
   std::vector<int64_t> offset, width;  // per projection: its first float in a projected row, its d_g
+  std::vector<int64_t> far;            // per far-pair term: its float in a projected row (<f, x>)
   std::vector<float> wt;               // [D, stride]
   // x [n, D] -> r [n, stride]: projection p of row i at r + i * stride + offset[p].
   void project(const float* x, int64_t n, float* r) const;
   // The same into a new array; empty when nothing is kept (stride 0).
   std::vector<float> rows(const float* x, int64_t n) const;
 };
-RouterProjections router_projections(const std::vector<std::pair<const RouterParams*, RouterSide>>& list);
+// The projections of `list`, then the far-pair terms' vectors f of `far` (cfg.far_bias), packed
+// side by side after them.
+RouterProjections router_projections(const std::vector<std::pair<const RouterParams*, RouterSide>>& list,
+                                     const std::vector<std::pair<const RouterParams*, RouterSide>>& far = {});
 
 // Given dL/dp [N, G] and/or dL/ds [N, G] (either may be null; ds is added to the gradient that
 // flows from dp through the softmax), accumulates dL/dparams (same layout as rp.params) and,
@@ -115,7 +119,12 @@ void router_backward(const RouterParams& rp, const float* x, const RouterCache& 
 // a step of lr on every weight moves e by up to about kFarBiasGain * lr * mean |x|.
 inline constexpr float kFarBiasGain = 16.f;
 inline constexpr float kFarBiasLimit = 30.f;
+// <f, x_i> is one float32 FMA chain over d in order, as a kept projection's column computes it.
 void router_far_bias(const RouterParams& rp, const float* x, int64_t n, RouterSide side, float* e);
+// The same terms from rows projected by RouterProjections: <f, x_i> at projected[i * stride] (the
+// term's column, RouterProjections::far); bitwise router_far_bias.
+void router_far_bias_projected(const RouterParams& rp, RouterSide side, const float* projected, int64_t stride,
+                               int64_t n, float* e);
 // Given dL/de [N] and the forward's e, accumulates dL/d(f, b) into dparams and, if dx is not null,
 // dL/dx [N, D] (a clamped e passes no gradient).
 void router_far_bias_backward(const RouterParams& rp, const float* x, int64_t n, RouterSide side, const float* e,

@@ -874,12 +874,6 @@ void GroupedKvRuns::truncate(const GroupedKeyIndex& idx, int64_t n) {
   n_keys = std::min(n_keys, n);
 }
 
-size_t GroupedKvRuns::bytes() const {
-  size_t b = 0;
-  for (size_t x = 0; x < k.size(); ++x) b += k[x].capacity() + v[x].capacity();
-  return b;
-}
-
 void GroupedKeyIndex::grow(int64_t G) {
   FOCUS_CHECK(!members.empty(), "GroupedKeyIndex: grow before build or reset");
   FOCUS_CHECK(G >= n_groups && G < (int64_t{1} << 31), "GroupedKeyIndex: cannot grow ", n_groups, " groups to ", G);

@@ -106,8 +106,6 @@ struct GroupedKvRuns {
   void sync(const GroupedKeyIndex& idx, KvView k, KvView v, int64_t kv_heads, int64_t head_dim, int64_t kv_stride);
   // Keeps the members of positions 0 .. n-1: call after idx.truncate(n).
   void truncate(const GroupedKeyIndex& idx, int64_t n);
-  bool empty() const { return rows.empty(); }
-  size_t bytes() const;
 };
 
 // The obviously-correct version: every key of a row tested against the pattern, scores and sums

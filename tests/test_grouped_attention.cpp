@@ -140,8 +140,10 @@ Out run_fast(const Problem& P) {
   return r;
 }
 
-// The fast kernel on the last `rows` rows of P against its whole cache (chunks, decoding).
-Out run_tail(const Problem& P, int64_t rows) {
+// The fast kernel on the last `rows` rows of P against its whole cache (chunks, decoding): the cache
+// P's keys and values, or the views k, v (of P's shape); the groups' keys from their runs when given.
+Out run_tail(const Problem& P, int64_t rows, focus::cpu::KvView k, focus::cpu::KvView v,
+             const focus::cpu::GroupedKvRuns* runs = nullptr) {
   const int64_t t0 = P.s.n_q - rows, H = P.s.heads;
   AttnShape s = P.s;
   s.q_pos0 = t0;
@@ -154,11 +156,12 @@ Out run_tail(const Problem& P, int64_t rows) {
     for (int64_t rh = 0; rh < r.route_heads; ++rh) far_q.push_back(P.far_qp[rh] + t0);
     r.far_q = far_q.data();
   }
+  r.runs = runs;
   Out part{std::vector<float>(rows * s.o_stride), std::vector<float>(H * rows)};
-  focus::cpu::grouped_attention(P.q.data() + t0 * s.q_stride, P.k.data(), P.v.data(), part.o.data(),
-                                part.lse.data(), s, r, P.idx);
+  focus::cpu::grouped_attention(P.q.data() + t0 * s.q_stride, k, v, part.o.data(), part.lse.data(), s, r, P.idx);
   return part;
 }
+Out run_tail(const Problem& P, int64_t rows) { return run_tail(P, rows, P.k.data(), P.v.data()); }
 
 // Largest |a - b| / max(1, |b|) over rows [t0, t0 + rows) of a and rows [u0, ..) of b (outputs
 // [n, heads * hd], lse [heads, n] with the given row counts).
@@ -586,31 +589,17 @@ TEST(GroupedAttention, DecodingFromGroupRunsMatchesReference) {
         std::vector<uint8_t> kc(P.k.size() * focus::cpu::kv_type_bytes(type)), vc(kc.size());
         focus::cpu::kv_store(P.k.data(), (int64_t)P.k.size(), type, kc.data());
         focus::cpu::kv_store(P.v.data(), (int64_t)P.v.size(), type, vc.data());
+        const KvView kv(kc.data(), type), vv(vc.data(), type);
         GroupedKvRuns runs;
-        runs.sync(P.idx, KvView(kc.data(), type), KvView(vc.data(), type), c.kv_heads, c.hd, P.s.kv_stride);
+        runs.sync(P.idx, kv, vv, c.kv_heads, c.hd, P.s.kv_stride);
         const Out ref = run_ref(P);
         for (int64_t rows : {1, 3}) {
-          const int64_t t0 = c.n - rows, H = c.heads;
-          AttnShape s = P.s;
-          s.q_pos0 = t0;
-          s.n_q = rows;
-          GroupedRouting r = P.r;
-          r.query_groups = P.query_groups.data() + t0 * H * r.kq;
-          if (r.kb > 0) r.query_blocks = P.query_blocks.data() + t0 * H * r.kb;
-          std::vector<const float*> far_q;
-          if (r.far_q) {
-            for (int64_t rh = 0; rh < r.route_heads; ++rh) far_q.push_back(P.far_qp[rh] + t0);
-            r.far_q = far_q.data();
-          }
-          Out gathered{std::vector<float>(rows * s.o_stride), std::vector<float>(H * rows)}, fromruns = gathered;
-          focus::cpu::grouped_attention(P.q.data() + t0 * s.q_stride, KvView(kc.data(), type), KvView(vc.data(), type),
-                                        gathered.o.data(), gathered.lse.data(), s, r, P.idx);
-          r.runs = &runs;
-          focus::cpu::grouped_attention(P.q.data() + t0 * s.q_stride, KvView(kc.data(), type), KvView(vc.data(), type),
-                                        fromruns.o.data(), fromruns.lse.data(), s, r, P.idx);
+          const Out gathered = run_tail(P, rows, kv, vv), fromruns = run_tail(P, rows, kv, vv, &runs);
+          const int64_t t0 = c.n - rows;
           EXPECT_LE(rel_err(fromruns, rows, 0, ref, c.n, t0, rows, c.heads, c.hd), kTol)
               << describe(c) << " variant " << variant << " rows " << rows;
-          EXPECT_LE(rel_err(fromruns, gathered, s), kTol) << describe(c) << " variant " << variant;
+          EXPECT_LE(rel_err(fromruns, rows, 0, gathered, rows, 0, rows, c.heads, c.hd), kTol)
+              << describe(c) << " variant " << variant;
         }
       }
 }

@@ -446,7 +446,8 @@ TEST(GroupedAttention, HybridBlocksMatchReference) {
   int i = 0;
   for (const auto& hl : layouts)
     for (int64_t block : {1, 7, 32})
-      for (int kb : {1, 3}) {
+      for (int kb : {1, 3})
+      for (float far : {0.f, 4.f}) {  // far-pair terms on every far pair read, the blocks' and the groups'
         Case c;
         c.n = 180 + 13 * i;
         c.heads = hl[0];
@@ -459,6 +460,7 @@ TEST(GroupedAttention, HybridBlocksMatchReference) {
         c.block = block;
         c.hd = i % 4 == 3 ? 40 : 64;
         c.shared_groups = i % 4 < 2;  // decoding: a unit per kv head, the heads' own blocks hidden from the others
+        c.far = far;
         c.seed = 900 + i++;
         Problem P;
         make(P, c);
@@ -467,7 +469,8 @@ TEST(GroupedAttention, HybridBlocksMatchReference) {
         for (int64_t rows : {1, 5, 60}) {  // decoding, a few rows, a chunk
           const int64_t t0 = c.n - rows;
           const Out part = run_tail(P, rows);
-          EXPECT_LE(rel_err(part, rows, 0, ref, c.n, t0, rows, c.heads, c.hd), kTol) << describe(c) << " rows " << rows;
+          EXPECT_LE(rel_err(part, rows, 0, ref, c.n, t0, rows, c.heads, c.hd), kTol)
+              << describe(c) << " far " << far << " rows " << rows;
         }
       }
 }
@@ -662,6 +665,51 @@ TEST(GroupedAttention, GroupRunsFollowTruncateAndAppend) {
   EXPECT_THROW(stale.sync(P3.idx, P3.k.data(), P3.v.data(), c.kv_heads, c.hd, P3.s.kv_stride), focus::Error);
 }
 
+// A key read only through a block whose far-pair term is not finite is refused by name, in decoding
+// and over many rows; one that nothing reads is not looked at.
+TEST(GroupedAttention, HybridRefusesANonFiniteFarTermItReadsThroughABlock) {
+  const Case c{.n = 300, .heads = 6, .kv_heads = 2, .window = 24, .sinks = 1, .RH = 2, .kq = 1, .unused = 0.0,
+               .seed = 1450, .kb = 2, .block = 8, .shared_groups = true, .far = 0.5f};
+  Problem P;
+  make(P, c);
+  const int64_t t = c.n - 1, rh = 1, h = rh * (c.heads / c.RH);
+  const int32_t g = P.query_groups[(t * c.heads + h) * c.kq];
+  auto read_by_row = [&](int64_t j) {  // by any head of routing head rh in row t, through group or block
+    for (int64_t x = rh * (c.heads / c.RH); x < (rh + 1) * (c.heads / c.RH); ++x) {
+      if (P.key_group[rh * c.n + j] == P.query_groups[(t * c.heads + x) * c.kq]) return true;
+      for (int s = 0; s < c.kb; ++s)
+        if (P.query_blocks[(t * c.heads + x) * c.kb + s] == j / c.block) return true;
+    }
+    return false;
+  };
+  int64_t in_block = -1, unread = -1;
+  for (int64_t j = c.sinks; j <= t - c.window; ++j) {
+    const bool grouped = P.key_group[rh * c.n + j] == g;
+    const bool blocked = P.query_blocks[(t * c.heads + h) * c.kb] == j / c.block;
+    if (blocked && !grouped && in_block < 0) in_block = j;
+    if (!read_by_row(j) && unread < 0) unread = j;
+  }
+  ASSERT_GE(in_block, 0);
+  ASSERT_GE(unread, 0);
+  auto with_nan = [&](int64_t j) {
+    Problem Q = P;
+    Q.far_k[rh * c.n + j] = NAN;
+    for (int64_t x = 0; x < c.RH; ++x) Q.far_kp[x] = Q.far_k.data() + x * c.n;
+    Q.r.far_k = Q.far_kp.data();
+    return Q;
+  };
+  EXPECT_EQ(run_tail(with_nan(unread), 1).o, run_tail(P, 1).o);
+  const std::string named = "far-pair term of key " + std::to_string(in_block) + " (routing head 1)";
+  for (int64_t rows : {int64_t{1}, c.n}) {  // decoding; the whole sequence (tiles, then the block keys)
+    try {
+      run_tail(with_nan(in_block), rows);
+      ADD_FAILURE() << "a NaN far-pair term of key " << in_block << " was read without an error, rows " << rows;
+    } catch (const focus::Error& e) {
+      EXPECT_NE(std::string(e.what()).find(named), std::string::npos) << e.what();
+    }
+  }
+}
+
 // Blocks that hold every key make the hybrid pattern dense causal attention, whatever the groups.
 TEST(GroupedAttention, HybridAllBlocksIsDenseCausal) {
   const Case c{.n = 130, .heads = 6, .kv_heads = 2, .window = 3, .RH = 2, .unused = 0.0, .kb = 13, .block = 10};
@@ -723,7 +771,7 @@ TEST(GroupedAttention, BadIdsThrow) {
   EXPECT_THROW(fast(r, P.idx), focus::Error);
   r.query_blocks = nullptr;
   EXPECT_THROW(fast(r, P.idx), focus::Error);
-  // Far-pair terms: one side only, a non-finite term, or with blocks.
+  // Far-pair terms: one side only, a non-finite term (with blocks: HybridRefusesANonFiniteFarTermItReadsThroughABlock).
   std::vector<float> fq(c.n, 0.f), fk(c.n, 0.f);
   const float* fqp = fq.data();
   const float* fkp = fk.data();
@@ -748,11 +796,6 @@ TEST(GroupedAttention, BadIdsThrow) {
   fq[3] = INFINITY;
   EXPECT_THROW(fast(r, P.idx), focus::Error);
   fq[3] = 0.f;
-  std::fill(qb.begin(), qb.end(), -1);
-  r.block_size = 16;
-  r.kb = 2;
-  r.query_blocks = qb.data();
-  EXPECT_THROW(fast(r, P.idx), focus::Error);
   // An index of another routing, or too short.
   GroupedKeyIndex other;
   other.reset(c.G + 1, c.RH);

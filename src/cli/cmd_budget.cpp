@@ -140,9 +140,10 @@ int run_budget(const BudgetFlags& f) {
       // The hybrid's blocks: what its routers' groups leave unread is what the blocks must find.
       FocusRouters routers = load_focus(f.focus_dir, m.cfg);
       FOCUS_CHECK(routers.settings.asymmetric, f.focus_dir, ": block budgets for the hybrid need asymmetric routers");
-      FOCUS_CHECK(!routers.settings.group_bias && !routers.settings.far_bias, f.focus_dir,
-                  ": routers with group weights (group_bias) or far-pair terms (far_bias) cannot be combined with "
-                  "blocks; budgets calibrated on their unweighted groups would not match what they read");
+      // Far-pair terms weight the pairs read but do not change which they are, so the budgets hold for
+      // them too; group weights run on the soft kernel, which has no blocks.
+      FOCUS_CHECK(!routers.settings.group_bias, f.focus_dir,
+                  ": routers with group weights (group_bias) cannot be combined with blocks");
       cv = block_mass_curves(m.cfg, f.block, f.window, f.sinks, k_max);
       FocusSettings& s = routers.settings;
       s.mode = FocusMode::Hard;

@@ -335,6 +335,8 @@ class AsymmetricFocusAttention final : public AttentionPolicy {
   void train_forward(const AttentionCall& a, AttentionTape& tape) const override {
     FOCUS_CHECK(a.pos0 == 0, "Focus trains on whole windows from position 0");
     FOCUS_CHECK(!fs_.route_on_qk, "sparse training reads the hidden state (routers on q/k vectors train by distillation)");
+    FOCUS_CHECK(fs_.blocks == 0, "sparse training runs the groups' pattern; positional blocks (the hybrid) are for "
+                "inference only");
     const int64_t G = fs_.groups, T = a.T, RH = rh_;
     auto t = std::make_unique<SparseTape>();
     t->kc.resize(RH);

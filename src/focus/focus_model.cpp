@@ -91,8 +91,8 @@ void check_settings(const FocusSettings& s, const ModelConfig& c, const std::str
               s.block_size, ")");
   FOCUS_CHECK(!s.group_bias || (s.asymmetric && s.blocks == 0 && s.topp == 0.f && !s.route_on_qk), where,
               ": group weights need asymmetric routers reading the hidden state, with top-k groups and no blocks");
-  FOCUS_CHECK(!s.far_bias || (s.asymmetric && s.blocks == 0 && s.topp == 0.f && !s.route_on_qk), where,
-              ": far-pair terms need asymmetric routers reading the hidden state, with top-k groups and no blocks");
+  FOCUS_CHECK(!s.far_bias || (s.asymmetric && s.topp == 0.f && !s.route_on_qk), where,
+              ": far-pair terms need asymmetric routers reading the hidden state, with top-k groups");
 }
 }  // namespace
 

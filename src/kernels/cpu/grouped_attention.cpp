@@ -68,7 +68,6 @@ void check_routing(const AttnShape& s, const GroupedRouting& r) {
   if (s.n_q > 0) check_slot_lists(s, r.query_groups, r.kq, r.n_groups, "group");
   FOCUS_CHECK(!r.far_q == !r.far_k, "grouped attention: far-pair terms need both far_q and far_k");
   if (r.far_q) {
-    FOCUS_CHECK(r.kb == 0, "grouped attention: far-pair terms with positional blocks are not supported");
     for (int64_t rh = 0; rh < r.route_heads; ++rh) {
       FOCUS_CHECK((s.n_q == 0 || r.far_q[rh]) && (s.n_kv == 0 || r.far_k[rh]),
                   "grouped attention: no far-pair terms for routing head ", rh);
@@ -149,12 +148,16 @@ bool same_groups(const AttnShape& s, const GroupedRouting& r, int64_t t, int64_t
 // row t (which read the same groups) that are not in their groups, in increasing position. When
 // some head does not read all of them, bias becomes [slices][nh][kSlice] over the whole list: 0
 // where head hh reads key m (every key before the appended ones), -inf elsewhere; otherwise bias
-// is left empty.
-void add_unit_block_keys(const AttnShape& s, const GroupedRouting& r, const GroupedKeyIndex& idx, int64_t t,
-                         int64_t h0, int64_t nh, std::vector<int32_t>& keys, std::vector<float>& bias) {
+// is left empty. With far-pair terms (far_k: the keys' terms of the unit's routing head, far_eq:
+// the row's), the bias is made whenever a key is appended, and each far pair read carries
+// far_eq + far_k[j]: the appended keys and the keys [g0, g1) before them (the groups' members).
+// Returns the first such key whose term is not finite, or -1.
+int64_t add_unit_block_keys(const AttnShape& s, const GroupedRouting& r, const GroupedKeyIndex& idx, int64_t t,
+                         int64_t h0, int64_t nh, std::vector<int32_t>& keys, std::vector<float>& bias,
+                         const float* far_k = nullptr, float far_eq = 0.f, int64_t g0 = 0, int64_t g1 = 0) {
   bias.clear();
   const int64_t lo = std::max<int64_t>(0, s.q_pos0 + t - s.local_window + 1);
-  if (lo <= s.sinks) return;
+  if (lo <= s.sinks) return -1;
   FOCUS_CHECK(nh <= 64, "grouped attention: more than 64 query heads share a kv head");
   static thread_local std::vector<std::pair<int32_t, int32_t>> blocks;  // (block, head in unit), sorted
   static thread_local std::vector<uint64_t> readers;  // per appended key, the heads that read its block (bit hh)
@@ -164,7 +167,7 @@ void add_unit_block_keys(const AttnShape& s, const GroupedRouting& r, const Grou
     for (int c = 0; c < r.kb; ++c)
       if (bs[c] >= 0) blocks.push_back({bs[c], (int32_t)hh});
   }
-  if (blocks.empty()) return;
+  if (blocks.empty()) return -1;
   std::sort(blocks.begin(), blocks.end());
   readers.clear();
   const int32_t* gs = r.query_groups + (t * s.heads + h0) * r.kq;
@@ -178,16 +181,30 @@ void add_unit_block_keys(const AttnShape& s, const GroupedRouting& r, const Grou
       readers.push_back(heads);
     });
   }
+  const int64_t n_keys = (int64_t)keys.size();
+  if (n_keys == base) return -1;
   const uint64_t all = nh == 64 ? ~uint64_t{0} : (uint64_t{1} << nh) - 1;
-  if (std::all_of(readers.begin(), readers.end(), [&](uint64_t x) { return x == all; })) return;
-  const int64_t n_keys = (int64_t)keys.size(), slices = (n_keys + kSlice - 1) / kSlice;
+  if (!far_k && std::all_of(readers.begin(), readers.end(), [&](uint64_t x) { return x == all; })) return -1;
+  const int64_t slices = (n_keys + kSlice - 1) / kSlice;
   bias.assign(slices * nh * kSlice, -std::numeric_limits<float>::infinity());
   auto at = [&](int64_t m, int64_t hh) -> float& { return bias[((m / kSlice) * nh + hh) * kSlice + m % kSlice]; };
-  for (int64_t m = 0; m < base; ++m)
-    for (int64_t hh = 0; hh < nh; ++hh) at(m, hh) = 0.f;
-  for (int64_t m = base; m < n_keys; ++m)
+  int64_t bad = -1;
+  auto term = [&](int64_t m) {
+    if (!far_k) return 0.f;
+    const float e = far_k[keys[m]];
+    if (!std::isfinite(e) && bad < 0) bad = keys[m];
+    return far_eq + e;
+  };
+  for (int64_t m = 0; m < base; ++m) {
+    const float b = m >= g0 && m < g1 ? term(m) : 0.f;
+    for (int64_t hh = 0; hh < nh; ++hh) at(m, hh) = b;
+  }
+  for (int64_t m = base; m < n_keys; ++m) {
+    const float b = term(m);
     for (int64_t hh = 0; hh < nh; ++hh)
-      if (readers[(size_t)(m - base)] >> hh & 1) at(m, hh) = 0.f;
+      if (readers[(size_t)(m - base)] >> hh & 1) at(m, hh) = b;
+  }
+  return bad;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -547,8 +564,8 @@ const int32_t* consecutive_rows() {
 // keys are its groups' plus the union of its heads' block keys, each hidden (a bias of -inf) from
 // the heads that do not read it. With runs of the groups' keys (r.runs), a unit reads its sinks
 // and window from the cache and its groups' members beyond the window from their runs. With
-// far-pair terms, the group keys carry them as a bias (the heads of a unit share one routing head,
-// so one term). A unit's keys are cut into slices of at most kSlice keys; every (unit, slice) is a
+// far-pair terms, the group and block keys carry them as a bias (the heads of a unit share one routing
+// head, so one term). A unit's keys are cut into slices of at most kSlice keys; every (unit, slice) is a
 // task, so one long row fills the threads; the slices are merged in order per head.
 template <class E>
 void gathered_decode(const float* q, const E* k, const E* v, float* o, float* lse, const AttnShape& s,
@@ -614,10 +631,16 @@ void gathered_decode(const float* q, const E* k, const E* v, float* o, float* ls
     int64_t g0 = 0, g1 = 0;
     row_keys(s, r, idx, un.t, un.h0, with_groups && !runs, keys[u], &g0, &g1);
     bias[u].clear();
-    if (with_groups && r.kb > 0) add_unit_block_keys(s, r, idx, un.t, un.h0, un.nh, keys[u], bias[u]);
-    if (with_groups && r.far_q) {  // (no blocks with far terms: check_routing)
+    if (with_groups && r.far_q) {
       un.far_rh = rh;
       un.far_eq = r.far_q[rh][un.t];
+    }
+    // With far-pair terms a bias made for block keys carries the groups' terms too (g0 .. g1).
+    if (with_groups && r.kb > 0) {
+      const int64_t j = add_unit_block_keys(s, r, idx, un.t, un.h0, un.nh, keys[u], bias[u],
+                                            un.far_rh >= 0 ? r.far_k[rh] : nullptr, un.far_eq, g0, g1);
+      FOCUS_CHECK(j < 0, "grouped attention: far-pair term of key ", j, " (routing head ", rh, ") is ",
+                  j < 0 ? 0.f : r.far_k[rh][j]);
     }
     const int64_t n = (int64_t)keys[u].size();
     for (int64_t m0 = 0; m0 < n; m0 += kSlice) {
@@ -668,7 +691,7 @@ void gathered_decode(const float* q, const E* k, const E* v, float* o, float* ls
       const Task& tk = tasks[i];
       const Unit& un = units[tk.u];
       const float* b = tk.bias;
-      if (un.far_rh >= 0 && tk.f1 > tk.f0) {
+      if (un.far_rh >= 0 && tk.f1 > tk.f0 && !tk.bias) {  // (a block keys' bias holds the terms)
         const float* ek = r.far_k[un.far_rh];
         for (int64_t m = 0; m < tk.len; ++m) {
           const bool far = m >= tk.f0 && m < tk.f1;
@@ -747,7 +770,8 @@ void hybrid_attention(const float* q, const float* k, const float* v, float* o, 
   tiled_attention(q, k, v, o, L, s, groups, idx);
   // The block keys: one unit per (row, kv head) when its query heads read the same groups (each
   // key loaded once for them all, hidden from the heads that did not choose its block), else
-  // one per (row, head).
+  // one per (row, head). With far-pair terms they carry them (the heads of a unit share a routing head).
+  std::atomic<int64_t> bad_far{-1};  // a key read whose far-pair term is not finite: (routing head << 32) + key
 #pragma omp parallel
   {
     std::vector<int32_t> keys;
@@ -759,7 +783,10 @@ void hybrid_attention(const float* q, const float* k, const float* v, float* o, 
       for (int64_t h0 = kvh * hpk; h0 < (kvh + 1) * hpk; h0 += shared ? hpk : 1) {
         const int64_t nh = shared ? hpk : 1;
         keys.clear();
-        add_unit_block_keys(s, r, idx, t, h0, nh, keys, bias);
+        const int64_t rh = route_of(s, r, h0);
+        const int64_t j = add_unit_block_keys(s, r, idx, t, h0, nh, keys, bias, r.far_q ? r.far_k[rh] : nullptr,
+                                              r.far_q ? r.far_q[rh][t] : 0.f);
+        if (j >= 0) bad_far.store(rh * (int64_t{1} << 32) + j);
         if (keys.empty()) continue;
         const int64_t slices = ((int64_t)keys.size() + kSlice - 1) / kSlice;
         parts.resize(slices * nh * part);
@@ -780,6 +807,10 @@ void hybrid_attention(const float* q, const float* k, const float* v, float* o, 
         }
       }
     }
+  }
+  if (const int64_t x = bad_far.load(); x >= 0) {
+    const int64_t rh = x >> 32, j = x & 0xffffffff;
+    FOCUS_CHECK(false, "grouped attention: far-pair term of key ", j, " (routing head ", rh, ") is ", r.far_k[rh][j]);
   }
 }
 

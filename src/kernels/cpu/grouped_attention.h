@@ -36,9 +36,9 @@ struct GroupedRouting {
   int64_t block_size = 0;                 // B >= 1 when kb > 0
   int kb = 0;                             // block slots per (query row, query head); 0: no blocks
   const int32_t* query_blocks = nullptr;  // [n_q, heads, kb]: block ids, -1 unused, used ids distinct
-  // Optional far-pair terms (routers with a learned weighting of the far keys read): a pair visible
-  // through a group only (j >= sinks and p - j >= local_window) of a query head of routing head r
-  // scores scale * q.k + far_q[r][t] + far_k[r][j]. Both set or neither; finite; not with blocks.
+  // Optional far-pair terms (routers with a learned weighting of the far keys read): a pair read
+  // beyond the window (j >= sinks and p - j >= local_window), through a group or a block, by a query
+  // head of routing head r scores scale * q.k + far_q[r][t] + far_k[r][j]. Both set or neither; finite.
   const float* const* far_q = nullptr;  // [RH] rows of n_q floats: the terms of this call's rows
   const float* const* far_k = nullptr;  // [RH] rows of n_kv floats: the terms of keys 0 .. n_kv-1
   // Optional, decoding over a cache (see GroupedKvRuns): the group keys beyond the window are read

@@ -196,7 +196,10 @@ def aggregate(recs):
     return out
 
 
-def plot(ctx, rows, path, xkey, xlabel, plt):
+def plot(ctx, rows, path, xkey, xlabel, plt, zoom=False):
+    """One curve per method; zoom: only the rows within +2% of dense, on their own axis range."""
+    if zoom:
+        rows = [r for r in rows if r["method"] == "dense" or (r["delta"] is not None and r["delta"] <= 2.0)]
     fig, ax = plt.subplots(figsize=(10, 6.5))
     dense = next((r for r in rows if r["method"] == "dense"), None)
     methods = []
@@ -221,9 +224,18 @@ def plot(ctx, rows, path, xkey, xlabel, plt):
         lo = min(r["density"] for r in rows)
         ax.set_xticks([t for t in (0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0) if t >= lo / 2.5])
         ax.set_xticklabels([f"{t:g}" for t in ax.get_xticks()])
+    sparse = [r[xkey] for r in rows if r["method"] != "dense"]
+    if zoom and sparse:
+        x0, x1 = min(sparse) / 1.05, max(sparse) * 1.05
+        ax.set_xlim(x0, x1)
+        if xkey == "density":
+            ax.set_xticks([t / 100 for t in range(5, 100, 5) if x0 <= t / 100 <= x1], minor=False)
+            ax.set_xticklabels([f"{t:g}" for t in ax.get_xticks()])
+            ax.set_xticks([], minor=True)
     ax.set_xlabel(xlabel)
     ax.set_ylabel("held-out perplexity")
-    ax.set_title(f"ctx {ctx}: {', '.join(rows[0]['texts'])} ({rows[0]['tokens']} tokens)", fontsize=9)
+    ax.set_title(f"ctx {ctx}: {', '.join(rows[0]['texts'])} ({rows[0]['tokens']} tokens)"
+                 + (", the variants within +2% of dense" if zoom else ""), fontsize=9)
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
@@ -277,10 +289,11 @@ def cmd_report(a):
         md += [f"- {r['label']}: `{r['recs'][0]['command'].replace(home + '/', '~/')}`" for r in rows]
         if a.png:
             os.makedirs(os.path.dirname(os.path.abspath(a.png)), exist_ok=True)
-            for xkey, xlabel, suffix in (("density", "density of causal pairs (log)", "density"),
-                                         ("seconds", "end-to-end seconds (forward passes)", "time")):
+            for xkey, xlabel, suffix, zoom in (("density", "density of causal pairs (log)", "density", False),
+                                               ("density", "density of causal pairs (log)", "density_near_dense", True),
+                                               ("seconds", "end-to-end seconds (forward passes)", "time", False)):
                 path = f"{a.png}_ctx{ctx}_{suffix}.png"
-                plot(ctx, rows, path, xkey, xlabel, plt)
+                plot(ctx, rows, path, xkey, xlabel, plt, zoom)
                 md.append("")
                 md.append(f"![ctx {ctx} {suffix}]({os.path.relpath(path, os.path.dirname(os.path.abspath(a.out_md)))})")
                 print(f"frontier: wrote {path}")

@@ -561,7 +561,7 @@ TEST(GroupedAttention, DecodingRefusesANonFiniteFarTermItReads) {
 
 // Decoding that reads the groups' keys from their runs (GroupedKvRuns): the reference's values and,
 // up to rounding, those of the gathered path; for float and half caches, over head layouts where
-// the routing heads divide the kv heads, with far-pair terms and with blocks.
+// the routing heads divide the kv heads, with far-pair terms, with blocks and with both.
 TEST(GroupedAttention, DecodingFromGroupRunsMatchesReference) {
   using focus::cpu::GroupedKvRuns;
   using focus::cpu::KvType;
@@ -570,7 +570,7 @@ TEST(GroupedAttention, DecodingFromGroupRunsMatchesReference) {
   int i = 0;
   for (const auto& hl : layouts)
     for (KvType type : {KvType::F32, KvType::F16})
-      for (int variant = 0; variant < 3; ++variant) {  // plain, far-pair terms, blocks
+      for (int variant = 0; variant < 4; ++variant) {  // plain, far-pair terms, blocks, both
         Case c;
         c.n = 700 + 31 * i;  // long enough for groups of more than one slice (kSlice keys)
         c.heads = hl[0];
@@ -582,8 +582,8 @@ TEST(GroupedAttention, DecodingFromGroupRunsMatchesReference) {
         c.kq = 1 + i % 2;
         c.hd = i % 4 == 3 ? 40 : 64;
         c.shared_groups = i % 4 != 1;
-        c.far = variant == 1 ? 4.f : 0.f;
-        c.kb = variant == 2 ? 2 : 0;
+        c.far = variant == 1 || variant == 3 ? 4.f : 0.f;
+        c.kb = variant >= 2 ? 2 : 0;
         c.seed = 1500 + i++;
         Problem P;
         make(P, c);

@@ -345,16 +345,15 @@ TEST(BadInputs, RetrofitResidualBudgetThatDoesNotFit) {
                      "--residual-budget", "needs --objective distill");
 }
 
-// Block budgets for the hybrid are calibrated on what the routers' groups leave unread; routers
-// with group weights or far-pair terms read their pairs weighted, which the calibration does not
-// model: each is refused, naming the folder, and no budget file is written.
+// Block budgets for the hybrid are calibrated on what the routers' groups leave unread. Routers with
+// group weights run on the soft kernel, which has no blocks: refused, naming the folder, and no
+// budget file is written. Far-pair terms weight the pairs read without changing which they are, so
+// such routers are calibrated like any others.
 TEST(BadInputs, BudgetRefusesRoutersWithGroupWeights) {
   FOCUS_NEED_FILE(stories());
   FOCUS_NEED_FILE(book("pg-345-dracula.txt"));
   FOCUS_NEED_FILE(book("pg-1342-pride-and-prejudice.txt"));
   if (!fs::exists(focus_bin())) GTEST_SKIP() << "focus binary not built: " << focus_bin();
-  // Group weights run on the soft kernel, which has no blocks: refused. Far-pair terms weight the pairs
-  // read without changing which they are, so their budgets are measured like any routers'.
   for (const std::string flag : {"--group-bias", "--far-bias"}) {
     SCOPED_TRACE(flag);
     const std::string routers = dir() + "/weighted_routers" + flag, out = dir() + "/weighted_budget" + flag + ".json";

@@ -700,7 +700,7 @@ TEST(GroupedAttention, HybridRefusesANonFiniteFarTermItReadsThroughABlock) {
   };
   EXPECT_EQ(run_tail(with_nan(unread), 1).o, run_tail(P, 1).o);
   const std::string named = "far-pair term of key " + std::to_string(in_block) + " (routing head 1)";
-  for (int64_t rows : {int64_t{1}, c.n}) {  // decoding; the whole sequence (tiles, then the block keys)
+  for (int64_t rows : {int64_t{1}, c.n}) {  // decoding; the whole sequence (the tiled pass checks every far key)
     try {
       run_tail(with_nan(in_block), rows);
       ADD_FAILURE() << "a NaN far-pair term of key " << in_block << " was read without an error, rows " << rows;

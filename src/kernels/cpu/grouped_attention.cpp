@@ -153,8 +153,8 @@ bool same_groups(const AttnShape& s, const GroupedRouting& r, int64_t t, int64_t
 // far_eq + far_k[j]: the appended keys and the keys [g0, g1) before them (the groups' members).
 // Returns the first such key whose term is not finite, or -1.
 int64_t add_unit_block_keys(const AttnShape& s, const GroupedRouting& r, const GroupedKeyIndex& idx, int64_t t,
-                         int64_t h0, int64_t nh, std::vector<int32_t>& keys, std::vector<float>& bias,
-                         const float* far_k = nullptr, float far_eq = 0.f, int64_t g0 = 0, int64_t g1 = 0) {
+                            int64_t h0, int64_t nh, std::vector<int32_t>& keys, std::vector<float>& bias,
+                            const float* far_k = nullptr, float far_eq = 0.f, int64_t g0 = 0, int64_t g1 = 0) {
   bias.clear();
   const int64_t lo = std::max<int64_t>(0, s.q_pos0 + t - s.local_window + 1);
   if (lo <= s.sinks) return -1;
@@ -639,8 +639,7 @@ void gathered_decode(const float* q, const E* k, const E* v, float* o, float* ls
     if (with_groups && r.kb > 0) {
       const int64_t j = add_unit_block_keys(s, r, idx, un.t, un.h0, un.nh, keys[u], bias[u],
                                             un.far_rh >= 0 ? r.far_k[rh] : nullptr, un.far_eq, g0, g1);
-      FOCUS_CHECK(j < 0, "grouped attention: far-pair term of key ", j, " (routing head ", rh, ") is ",
-                  j < 0 ? 0.f : r.far_k[rh][j]);
+      FOCUS_CHECK(j < 0, "grouped attention: far-pair term of key ", j, " (routing head ", rh, ") is ", r.far_k[rh][j]);
     }
     const int64_t n = (int64_t)keys[u].size();
     for (int64_t m0 = 0; m0 < n; m0 += kSlice) {
@@ -770,8 +769,8 @@ void hybrid_attention(const float* q, const float* k, const float* v, float* o, 
   tiled_attention(q, k, v, o, L, s, groups, idx);
   // The block keys: one unit per (row, kv head) when its query heads read the same groups (each
   // key loaded once for them all, hidden from the heads that did not choose its block), else
-  // one per (row, head). With far-pair terms they carry them (the heads of a unit share a routing head).
-  std::atomic<int64_t> bad_far{-1};  // a key read whose far-pair term is not finite: (routing head << 32) + key
+  // one per (row, head). With far-pair terms they carry them (the heads of a unit share a routing head);
+  // the tiled pass has already checked them, as it packs every group member up to the last far key.
 #pragma omp parallel
   {
     std::vector<int32_t> keys;
@@ -784,9 +783,8 @@ void hybrid_attention(const float* q, const float* k, const float* v, float* o, 
         const int64_t nh = shared ? hpk : 1;
         keys.clear();
         const int64_t rh = route_of(s, r, h0);
-        const int64_t j = add_unit_block_keys(s, r, idx, t, h0, nh, keys, bias, r.far_q ? r.far_k[rh] : nullptr,
-                                              r.far_q ? r.far_q[rh][t] : 0.f);
-        if (j >= 0) bad_far.store(rh * (int64_t{1} << 32) + j);
+        add_unit_block_keys(s, r, idx, t, h0, nh, keys, bias, r.far_q ? r.far_k[rh] : nullptr,
+                            r.far_q ? r.far_q[rh][t] : 0.f);
         if (keys.empty()) continue;
         const int64_t slices = ((int64_t)keys.size() + kSlice - 1) / kSlice;
         parts.resize(slices * nh * part);
@@ -807,10 +805,6 @@ void hybrid_attention(const float* q, const float* k, const float* v, float* o, 
         }
       }
     }
-  }
-  if (const int64_t x = bad_far.load(); x >= 0) {
-    const int64_t rh = x >> 32, j = x & 0xffffffff;
-    FOCUS_CHECK(false, "grouped attention: far-pair term of key ", j, " (routing head ", rh, ") is ", r.far_k[rh][j]);
   }
 }
 

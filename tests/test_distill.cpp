@@ -611,18 +611,27 @@ TEST(AsymmetricRouting, GroupWeightsTrainAsTheyInfer) {
 // Far-pair terms (retrofit --objective sparse --far-bias): a far pair read carries e_q(i) + e_k(j),
 // each linear in the router's input. At zero (as trained runs start) they change nothing; with
 // values they change the loss but not the pairs read. Training scores what inference scores, per
-// layer, per kv head and together with group weights; causality holds; decoding from a cache gives
+// layer, per kv head, together with group weights and on the hybrid pattern (a pair a positional
+// block reads carries the terms too); causality holds; decoding from a cache gives
 // the window's result (refused with group weights); the gradient of the terms (and with group weights, of W_r, W_k and the centroids)
 // matches central differences; the folder keeps them.
 TEST(AsymmetricRouting, FarTermsTrainAsTheyInfer) {
   for (Arch arch : {Arch::Llama, Arch::GPT2})
-    for (int variant = 0; variant < 3; ++variant) {
+    for (int variant = 0; variant < 5; ++variant) {
       SCOPED_TRACE(::testing::Message() << (arch == Arch::Llama ? "llama" : "gpt2")
-                                        << (variant == 1 ? " per kv head" : variant == 2 ? " with group weights" : " per layer"));
+                                        << (variant == 1   ? " per kv head"
+                                            : variant == 2 ? " with group weights"
+                                            : variant == 3 ? " with blocks (hybrid)"
+                                            : variant == 4 ? " with blocks, per kv head"
+                                                           : " per layer"));
       auto m = random_model(arch, 18);
       FocusSettings s = asym_settings(4, 2, 3);
-      s.per_kv_head = variant == 1;
+      s.per_kv_head = variant == 1 || variant == 4;
       s.group_bias = variant == 2;
+      if (variant >= 3) {  // the hybrid: 2 blocks of 3 keys besides the block of the last far key
+        s.blocks = 2;
+        s.block_size = 3;
+      }
       s.key_capacity = 1.25f;
       const FocusRouters plain = focus_init(m->cfg, s, 9);
       s.far_bias = true;
@@ -667,7 +676,7 @@ TEST(AsymmetricRouting, FarTermsTrainAsTheyInfer) {
                 test::random_normal(m->cfg.dim + 1, seed * 100 + 2 * r + (side == RouterSide::Key), 1.f / kFarBiasGain);
             std::copy(v.begin(), v.end(), fa.routers[r].params.begin() + fa.routers[r].far_offset(side));
           }
-        const size_t last = fa.routers.size() - (variant == 1 ? m->cfg.kv_heads : 1);
+        const size_t last = fa.routers.size() - (s.per_kv_head ? m->cfg.kv_heads : 1);
         const RouterParams& r0 = fa.routers[last];
         const int64_t proj = r0.cfg.d_g * r0.cfg.dim, fq = r0.far_offset(RouterSide::Query),
                       fk = r0.far_offset(RouterSide::Key);

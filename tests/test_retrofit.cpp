@@ -299,6 +299,53 @@ TEST(Retrofit, FarTermsStartAtZeroFromInitRouters) {
   }
 }
 
+// Sparse training through the hybrid pattern (--blocks or --block-budget with --far-bias): the
+// hard loss of that pattern goes down, the terms move, the folder keeps the blocks and each
+// head's budget (evaluating it reads the pattern trained), and an interrupted run resumes to the
+// same bits. Blocks need the sparse objective.
+TEST(Retrofit, HybridTrainingLowersItsHardLossAndKeepsItsBlocks) {
+  FOCUS_NEED_FILE(stories());
+  FOCUS_NEED_FILE(book("pg-345-dracula.txt"));
+  auto m = load_model(stories(), LoadOptions{tok512()});
+  const std::string d = ::testing::TempDir() + "/focus_hybrid_init", a = ::testing::TempDir() + "/focus_hybrid_a",
+                    b = ::testing::TempDir() + "/focus_hybrid_b";
+  run_retrofit(*m, distill_run(d, 4));
+  std::vector<std::vector<int64_t>> budget(m->cfg.layers);
+  for (int64_t l = 0; l < m->cfg.layers; ++l)
+    for (int64_t h = 0; h < m->cfg.heads; ++h) budget[l].push_back((l + h) % 4);  // 0 .. 3 blocks per head
+  auto opts = [&](const std::string& out) {
+    RetrofitOptions o = sparse_run(out, d);
+    o.focus.far_bias = true;
+    o.focus.block_size = 4;
+    o.block_budget = budget;
+    return o;
+  };
+  const RetrofitResult full = run_retrofit(*m, opts(a));
+  EXPECT_LT(full.after.ppl_hard, full.before.ppl_hard)
+      << "training through the hybrid pattern must lower its loss (hard validation ppl " << full.before.ppl_hard
+      << " -> " << full.after.ppl_hard << ")";
+  const FocusRouters fa = load_focus(a, m->cfg);
+  EXPECT_EQ(fa.block_budget, budget);
+  EXPECT_EQ(fa.settings.block_size, 4);
+  EXPECT_EQ(fa.settings.blocks, 3);
+  double moved = 0;
+  for (const RouterParams& r : fa.routers)
+    for (RouterSide side : {RouterSide::Query, RouterSide::Key})
+      for (int64_t i = 0; i <= r.cfg.dim; ++i) moved += std::fabs(r.params[r.far_offset(side) + i]);
+  EXPECT_GT(moved, 0.0) << "training must move the far-pair terms";
+  // The blocks read pairs: the pattern is denser than the groups alone.
+  RetrofitOptions groups_only = sparse_run(::testing::TempDir() + "/focus_hybrid_groups", d);
+  groups_only.focus.far_bias = true;
+  groups_only.steps = 1;
+  EXPECT_GT(full.before.density_hard, run_retrofit(*m, groups_only).before.density_hard);
+
+  EXPECT_EQ(interrupted_then_resumed(*m, opts(b)), 6);
+  EXPECT_EQ(router_params(a, m->cfg), router_params(b, m->cfg));
+  RetrofitOptions od = distill_run(::testing::TempDir() + "/focus_hybrid_distill", 1);
+  od.focus.blocks = 2;
+  EXPECT_THROW(run_retrofit(*m, od), Error);
+}
+
 // With --balance swav every step's metrics line carries the SwAV loss: the mean over the step's
 // windows and routers of the cross-entropy against the Sinkhorn targets. Step 1 uses the seeded
 // routers, so it is recomputed here from the same windows.

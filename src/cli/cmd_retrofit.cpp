@@ -16,7 +16,7 @@ struct RetrofitFlags {
   ModelSetup s;
   RetrofitOptions o;
   std::string balance = "none";
-  std::string residual_budget;
+  std::string residual_budget, block_budget;
   CLI::App* app = nullptr;
 };
 
@@ -44,6 +44,19 @@ int run_retrofit_cmd(const RetrofitFlags& f) {
     check_residual_budget(*b, o.focus.local_window, o.focus.sinks, m.cfg, f.residual_budget);
     o.distill.residual = b;
   }
+  if (!f.block_budget.empty()) {
+    FOCUS_CHECK(o.objective == "sparse", "--block-budget needs --objective sparse");
+    FOCUS_CHECK(!f.app->count("--blocks") && !f.app->count("--block-size"),
+                "--block-budget sets each head's blocks and their size: drop --blocks and --block-size");
+    const BlockBudget b = load_block_budget(f.block_budget);
+    FOCUS_CHECK(b.window == o.focus.local_window && b.sinks == o.focus.sinks, f.block_budget, ": measured with window ",
+                b.window, " and sinks ", b.sinks, ", but this run trains window ", o.focus.local_window, " and sinks ",
+                o.focus.sinks, " (give --window and --sinks to match)");
+    o.focus.block_size = b.block;
+    o.block_budget = b.k;
+  }
+  FOCUS_CHECK(o.focus.blocks == 0 || o.objective == "sparse", "--blocks needs --objective sparse");
+  FOCUS_CHECK(!f.app->count("--block-size") || o.focus.blocks > 0, "--block-size applies to the hybrid pattern: give --blocks K too");
   o.balance = parse_balance(f.balance);
   if (o.objective == "distill" && !f.app->count("--balance")) o.balance = Balance::Swav;
   install_interrupt_handler();
@@ -133,6 +146,16 @@ Command add_retrofit(CLI::App& app) {
   sub->add_option("--residual-budget", f->residual_budget,
                   "distill: per-head block budgets (`focus budget`, same window and sinks); the routers learn only "
                   "the far attention that block top-k with them leaves unread (the groups of a hybrid pattern)");
+  sub->add_option("--blocks", o.focus.blocks,
+                  "sparse: train through the hybrid pattern: each query head also reads the block of its last far "
+                  "key and this many more positional blocks with the largest bound of q.k (as `focus eval --blocks`); "
+                  "saved in focus.json")
+      ->check(CLI::Range(0, 1 << 20));
+  sub->add_option("--block-size", o.focus.block_size, "sparse, the hybrid pattern: keys per block (default 64)")
+      ->check(CLI::Range(1, 1 << 20));
+  sub->add_option("--block-budget", f->block_budget,
+                  "sparse: the hybrid pattern with each head's own number of blocks, a budget file of `focus budget` "
+                  "(it sets the block size; its window and sinks must be this run's); saved in focus.json");
   sub->add_option("--key-capacity", o.focus.key_capacity,
                   "distill, sparse: a group holds at most this times the mean key load (sparse: in training too)");
   sub->add_option("--init", o.init,

@@ -304,8 +304,39 @@ struct SparseTape final : AttentionState {
   std::vector<float> mq, mk;        // [RH, T, G]: groups read by the queries, group of each key
   std::vector<float> dmq, dmk;      // their gradients
   std::vector<float> eq, ek;        // [RH, T]: far-pair terms (far_bias)
+  // The hybrid pattern: the positional blocks each (head, row) reads, [H, T, words] bits, and the
+  // terms' gradients through the pairs they read [RH, T].
+  std::vector<uint64_t> block_bits;
+  int64_t block_words = 0;
+  std::vector<float> deq, dek;
   void truncate(int64_t) override {}
 };
+
+// The blocks block top-k (with the hybrid's settings fs) selects for every (row, query head) of a
+// whole window from position 0, as bits [heads, T, words] of the soft kernel's SoftKeys.
+int64_t select_block_bits(const AttentionCall& a, const FocusSettings& fs, std::vector<uint64_t>& bits) {
+  const ModelConfig& c = *a.cfg;
+  const int64_t T = a.T, H = c.heads, B = fs.block_size;
+  BlockTopKState st(B, c.kv_heads, c.head_dim);
+  st.append(cpu::KvView(a.k), c.kv_dim(), T);
+  BlockTopKSettings bs;
+  bs.block = B;
+  bs.k = fs.blocks;
+  if (!fs.block_head_k.empty()) bs.set_head_k(fs.block_head_k);
+  bs.window = fs.local_window;
+  bs.sinks = fs.sinks;
+  std::vector<int32_t> qb;
+  const int kq = block_topk_select(a, st, bs, qb);
+  const int64_t words = ((T + B - 1) / B + 63) / 64;
+  bits.assign(H * T * words, 0);
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t h = 0; h < H; ++h)
+      for (int c2 = 0; c2 < kq; ++c2) {
+        const int32_t b = qb[(t * H + h) * kq + c2];
+        if (b >= 0) bits[(h * T + t) * words + b / 64] |= uint64_t{1} << (b % 64);
+      }
+  return words;
+}
 
 // Asymmetric Focus, hard mode: keys in one group each (by W_k, causally balanced), queries read
 // their top-k groups (by W_r); one router per layer or per kv head (its query heads follow it).
@@ -331,12 +362,12 @@ class AsymmetricFocusAttention final : public AttentionPolicy {
   // capacity-balanced group, queries reading their top-k groups, as 0/1 memberships of the soft
   // kernel with a tiny eps (a masked pair keeps a weight of eps). The memberships' gradients
   // (for a masked pair: the first-order change of the loss if it were read) pass straight
-  // through to the router scores of both sides.
+  // through to the router scores of both sides. The hybrid pattern's blocks are selected as
+  // inference selects them; a pair they read gives its gradient to the far-pair terms only.
   void train_forward(const AttentionCall& a, AttentionTape& tape) const override {
     FOCUS_CHECK(a.pos0 == 0, "Focus trains on whole windows from position 0");
     FOCUS_CHECK(!fs_.route_on_qk, "sparse training reads the hidden state (routers on q/k vectors train by distillation)");
-    FOCUS_CHECK(fs_.blocks == 0, "sparse training runs the groups' pattern; positional blocks (the hybrid) are for "
-                "inference only");
+    FOCUS_CHECK(fs_.blocks == 0 || !fs_.group_bias, "sparse training with positional blocks has no group weights");
     const int64_t G = fs_.groups, T = a.T, RH = rh_;
     auto t = std::make_unique<SparseTape>();
     t->kc.resize(RH);
@@ -361,10 +392,25 @@ class AsymmetricFocusAttention final : public AttentionPolicy {
         apply_far_bias(rp_[r], a.xn, T, G, t->eq.data() + r * T, t->ek.data() + r * T, t->mq.data() + r * T * G,
                        t->mk.data() + r * T * G);
     }
+    if (fs_.blocks > 0) t->block_words = select_block_bits(a, fs_, t->block_bits);
     tape.lse.resize(a.cfg->heads * T);
-    const cpu::SoftKeys keys{t->mk.data(), nullptr, RH};
-    cpu::soft_attention_forward(a.q, a.k, a.v, t->mq.data(), a.out, tape.lse.data(), sparse_shape(a), keys);
+    cpu::soft_attention_forward(a.q, a.k, a.v, t->mq.data(), a.out, tape.lse.data(), sparse_shape(a), soft_keys(*t));
     tape.data = std::move(t);
+  }
+
+  // The soft kernel's view of a tape: the keys' memberships, the blocks and the far-pair terms.
+  cpu::SoftKeys soft_keys(SparseTape& t) const {
+    cpu::SoftKeys keys{t.mk.data(), t.dmk.empty() ? nullptr : t.dmk.data(), rh_};
+    if (t.block_bits.empty()) return keys;
+    keys.block_bits = t.block_bits.data();
+    keys.block_size = fs_.block_size;
+    keys.block_words = t.block_words;
+    if (fs_.far_bias) {
+      keys.eq = t.eq.data();
+      keys.ek = t.ek.data();
+      if (!t.deq.empty()) keys.deq = t.deq.data(), keys.dek = t.dek.data();
+    }
+    return keys;
   }
 
   void train_backward(const AttentionCall& a, AttentionTape& tape, const float* dout, float* dq, float* dk,
@@ -372,9 +418,12 @@ class AsymmetricFocusAttention final : public AttentionPolicy {
     auto& t = static_cast<SparseTape&>(*tape.data);
     t.dmq.assign(t.mq.size(), 0.f);
     t.dmk.assign(t.mk.size(), 0.f);
-    const cpu::SoftKeys keys{t.mk.data(), t.dmk.data(), rh_};
+    if (!t.block_bits.empty() && fs_.far_bias) {
+      t.deq.assign(t.eq.size(), 0.f);
+      t.dek.assign(t.ek.size(), 0.f);
+    }
     cpu::soft_attention_backward(a.q, a.k, a.v, t.mq.data(), a.out, tape.lse.data(), dout, dq, dk, dv, t.dmq.data(),
-                                 sparse_shape(a), keys);
+                                 sparse_shape(a), soft_keys(t));
   }
 
   void train_backward_input(const AttentionCall& a, AttentionTape& tape, float* dxn) const override {
@@ -395,14 +444,17 @@ class AsymmetricFocusAttention final : public AttentionPolicy {
       if (fs_.far_bias) {
         const float *eq = t.eq.data() + r * T, *ek = t.ek.data() + r * T;
         de.resize(T);
-        for (int64_t i = 0; i < T; ++i) {  // d e_q(i) = sum_g dmq(i, g) mq(i, g)
-          double d = 0;
+        // d e_q(i) = sum_g dmq(i, g) mq(i, g), plus what the pairs blocks read give (deq).
+        const float* bq = t.deq.empty() ? nullptr : t.deq.data() + r * T;
+        const float* bk = t.dek.empty() ? nullptr : t.dek.data() + r * T;
+        for (int64_t i = 0; i < T; ++i) {
+          double d = bq ? bq[i] : 0.0;
           for (int64_t g = 0; g < G; ++g) d += (double)dmq[i * G + g] * mq[i * G + g];
           de[i] = (float)d;
         }
         router_far_bias_backward(rp_[r], a.xn, T, RouterSide::Query, eq, de.data(), gr, dxn);
         for (int64_t j = 0; j < T; ++j) {
-          double d = 0;
+          double d = bk ? bk[j] : 0.0;
           for (int64_t g = 0; g < G; ++g) d += (double)dmk[j * G + g] * mk[j * G + g];
           de[j] = (float)d;
         }

@@ -79,6 +79,8 @@ json run_identity(const Model& m, const RetrofitOptions& o) {
               {"route_on_qk", o.focus.route_on_qk}});
   if (o.focus.group_bias) j["group_bias"] = true;
   if (o.focus.far_bias) j["far_bias"] = true;
+  if (o.focus.blocks > 0 || !o.block_budget.empty())
+    j.update({{"blocks", o.focus.blocks}, {"block_size", o.focus.block_size}, {"block_budget", o.block_budget}});
   return j;
 }
 
@@ -196,6 +198,10 @@ RetrofitResult run_retrofit(const Model& m, const RetrofitOptions& o) {
   MemoryNeed need = training_memory(m.cfg, o.ctx, o.focus.groups, 0);
   if (o.objective == "distill" && o.distill.residual)  // one layer's pairs read by the blocks, and their transpose
     need.add("pairs the blocks read", 2.0 * m.cfg.heads * o.ctx * ((o.ctx + 63) / 64) * 8);
+  if (o.focus.blocks > 0 || !o.block_budget.empty()) {  // each layer's blocks read, one bit per (head, row, block)
+    const double words = (double)((o.ctx + o.focus.block_size - 1) / std::max<int64_t>(1, o.focus.block_size) + 63) / 64;
+    need.add("blocks read (every layer)", (double)m.cfg.layers * m.cfg.heads * o.ctx * words * 8);
+  }
   check_memory("retrofit at ctx " + std::to_string(o.ctx), need, "lower --ctx");
 
   FOCUS_CHECK(o.objective == "lm" || o.objective == "distill" || o.objective == "sparse",
@@ -214,9 +220,14 @@ RetrofitResult run_retrofit(const Model& m, const RetrofitOptions& o) {
   FOCUS_CHECK(!sparse || !o.focus.per_head || m.cfg.heads == m.cfg.kv_heads, "retrofit: sparse training routes per "
               "layer or per kv head; routers per query head need as many kv heads as query heads (this model has ",
               m.cfg.heads, " and ", m.cfg.kv_heads, ")");
+  const bool hybrid = o.focus.blocks > 0 || !o.block_budget.empty();
+  FOCUS_CHECK(!hybrid || sparse, "retrofit: positional blocks (the hybrid pattern) train with --objective sparse");
+  FOCUS_CHECK(!hybrid || !o.focus.group_bias, "retrofit: the hybrid pattern trains without group weights");
+  FOCUS_CHECK(!hybrid || o.focus.block_size >= 1, "retrofit: --block-size must be >= 1");
   FocusRouters f = focus_init(m.cfg, fs_, o.seed);
   FOCUS_CHECK(!f.routers.empty(), "retrofit: the model has no global attention layer to route");
   if (!o.init.empty()) init_from(f, o.init, m.cfg);
+  if (!o.block_budget.empty()) set_block_budget(f, m.cfg, o.block_budget, "retrofit --block-budget");
   std::vector<BiasBalancer> balancers;
   if (o.balance == Balance::Bias)
     for (size_t r = 0; r < f.routers.size(); ++r)

@@ -29,6 +29,9 @@ struct RetrofitOptions : TrainOptions {
   // train/distill.h; balance_weight is the SwAV weight on the key scores).
   std::string objective = "lm";
   DistillOptions distill;
+  // Sparse training through the hybrid pattern with each head's own number of blocks
+  // (focus.blocks > 0 gives every head the same): [layer][query head], empty for none.
+  std::vector<std::vector<int64_t>> block_budget;
 };
 
 struct ValidResult {

@@ -173,12 +173,10 @@ TileInfo classify(const AttnShape& s, bool has_p, int64_t t0, int nr, int64_t j0
   return info;
 }
 
-// add [nr, 64] = -inf where masked, log(A + eps) where biased, 0 elsewhere, A = p_q . p_k^T;
-// inv [nr, 64] (if not null) = 1 / (A + eps) where biased and visible, 0 elsewhere.
-void build_tile(const AttnShape& s, const Dims& d, const float* pp, const float* pt, int64_t t0, int nr,
-                int64_t j0, int cols, const TileInfo& info, float* add, float* inv) {
-  const int64_t kb = j0 / kB;
-  if (info.biased) gemm<false>(pp + t0 * d.Gp, d.Gp, pt + kb * d.G * kB, kB, add, kB, nr, (int)d.G, kB, false);
+// add [nr, 64] holds A = p_q . p_k^T where biased; makes it -inf where masked, log(A + eps) where
+// biased, 0 elsewhere; inv [nr, 64] (if not null) = 1 / (A + eps) where biased and visible, 0 elsewhere.
+void finish_tile(const AttnShape& s, int64_t t0, int nr, int64_t j0, int cols, const TileInfo& info, float* add,
+                 float* inv) {
   for (int t = 0; t < nr; ++t) {
     float* ar = add + t * kB;
     float* ir = inv ? inv + t * kB : nullptr;
@@ -203,6 +201,72 @@ void build_tile(const AttnShape& s, const Dims& d, const float* pp, const float*
   }
 }
 
+// The group product A = p_q . p_k^T of a biased tile into a [nr, 64].
+void group_tile(const Dims& d, const float* pp, const float* pt, int64_t t0, int nr, int64_t j0, float* a) {
+  gemm<false>(pp + t0 * d.Gp, d.Gp, pt + (j0 / kB) * d.G * kB, kB, a, kB, nr, (int)d.G, kB, false);
+}
+
+// The additive tile of one router (and inv, if not null): finish_tile of its group product.
+void build_tile(const AttnShape& s, const Dims& d, const float* pp, const float* pt, int64_t t0, int nr,
+                int64_t j0, int cols, const TileInfo& info, float* add, float* inv) {
+  if (info.biased) group_tile(d, pp, pt, t0, nr, j0, add);
+  finish_tile(s, t0, nr, j0, cols, info, add, inv);
+}
+
+// The hybrid's positional blocks (SoftKeys::block_bits) and the pair weights of what they read:
+// fq, fk [RH, N] = exp of the far-pair terms (1 without them).
+struct Blocks {
+  const uint64_t* bits = nullptr;
+  int64_t size = 0, words = 0;
+  std::vector<float> fq, fk;
+  explicit operator bool() const { return bits != nullptr; }
+  bool reads(int64_t h, int64_t n, int64_t i, int64_t j) const {
+    const int64_t b = j / size;
+    return (bits[(h * n + i) * words + (b >> 6)] >> (b & 63)) & 1u;
+  }
+};
+
+Blocks make_blocks(const SoftKeys& keys, const Dims& d) {
+  Blocks b;
+  if (!keys.block_bits) return b;
+  b.bits = keys.block_bits;
+  b.size = keys.block_size;
+  b.words = keys.block_words;
+  b.fq.assign(d.RH * d.n, 1.f);
+  b.fk.assign(d.RH * d.n, 1.f);
+  for (int64_t x = 0; x < d.RH * d.n; ++x) {
+    if (keys.eq) b.fq[x] = std::exp(keys.eq[x]);
+    if (keys.ek) b.fk[x] = std::exp(keys.ek[x]);
+    FOCUS_CHECK(std::isfinite(b.fq[x]) && std::isfinite(b.fk[x]), "soft attention: far-pair term of row ", x % d.n,
+                " (router ", x / d.n, ") is not finite or too large: ", keys.eq ? keys.eq[x] : 0.f, ", ",
+                keys.ek ? keys.ek[x] : 0.f);
+  }
+  return b;
+}
+
+// The additive tile of query head h of a biased tile under blocks: its router's group product
+// `group` with the cells of the blocks h reads set to their weight fq(i) fk(j); those weights also
+// go to blk [nr, 64] (0 elsewhere) when it is not null. Then finish_tile.
+void head_tile(const AttnShape& s, const Dims& d, const Blocks& b, const float* group, int64_t h, int64_t t0, int nr,
+               int64_t j0, int cols, const TileInfo& info, float* add, float* inv, float* blk) {
+  const int64_t r = d.router_of(h / d.gs);
+  const float* fq = b.fq.data() + r * d.n;
+  const float* fk = b.fk.data() + r * d.n;
+  std::copy(group, group + nr * kB, add);
+  if (blk) std::fill(blk, blk + nr * kB, 0.f);
+  for (int t = 0; t < nr; ++t) {
+    const int64_t i = t0 + t;
+    const int last = (int)std::clamp<int64_t>(i - j0 + 1, 0, cols);  // causal: keys up to i
+    for (int c = 0; c < last; ++c) {
+      if (!b.reads(h, d.n, i, j0 + c)) continue;
+      const float w = fq[i] * fk[j0 + c];
+      add[t * kB + c] = w;
+      if (blk) blk[t * kB + c] = w;
+    }
+  }
+  finish_tile(s, t0, nr, j0, cols, info, add, inv);
+}
+
 void check_shape(const char* who, const AttnShape& s, bool has_p, const SoftKeys& keys) {
   FOCUS_CHECK(keys.route_heads >= 1 && s.kv_heads % keys.route_heads == 0, who, ": routers (", keys.route_heads,
               ") must divide kv_heads (", s.kv_heads, ")");
@@ -221,6 +285,12 @@ void check_shape(const char* who, const AttnShape& s, bool has_p, const SoftKeys
   FOCUS_CHECK(s.local_window >= 0 && s.sinks >= 0 && s.sliding_window >= 0, who,
               ": local_window, sinks and sliding_window must be >= 0");
   FOCUS_CHECK(std::isfinite(s.scale), who, ": scale must be finite");
+  if (keys.block_bits) {
+    FOCUS_CHECK(has_p, who, ": blocks need the groups' memberships");
+    FOCUS_CHECK(keys.block_size >= 1 && keys.block_words >= ((s.n_q + keys.block_size - 1) / keys.block_size + 63) / 64,
+                who, ": blocks of ", keys.block_size, " keys need ", ((s.n_q + std::max<int64_t>(1, keys.block_size) - 1) /
+                std::max<int64_t>(1, keys.block_size) + 63) / 64, " words per row, got ", keys.block_words);
+  }
   if (has_p) {
     FOCUS_CHECK(s.groups >= 1, who, ": groups must be >= 1 when p is given, got ", s.groups);
     FOCUS_CHECK(s.eps >= std::numeric_limits<float>::min() && std::isfinite(s.eps), who,
@@ -270,6 +340,7 @@ void soft_attention_forward(const float* q, const float* k, const float* v, cons
   pack_cols(k, d.n, d.KVH, d.hd, hdp, ktp.data());
   pack_rows(v, d.n, d.KVH, d.hd, hdp, 1.f, vp.data());
   const PackedP pm = pack_memberships(p, keys, d);
+  const Blocks blocks = make_blocks(keys, d);
 
   // The tile engine's online softmax, one query tile of every head at a time; the additive tile
   // (bias and mask) of a (query tile, key tile) pair is made once per router for its heads.
@@ -277,6 +348,7 @@ void soft_attention_forward(const float* q, const float* k, const float* v, cons
   {
     std::vector<tiles::QueryTile> qts(d.H, tiles::QueryTile(hdp));
     std::vector<tiles::AlignedFloats> add(d.RH, tiles::AlignedFloats(kB * kB));
+    std::vector<tiles::AlignedFloats> head_add(blocks ? d.H : 0, tiles::AlignedFloats(kB * kB));
     tiles::RowSpan spans[kB];
 #pragma omp for schedule(dynamic, 1)
     for (int64_t it = 0; it < d.nb; ++it) {
@@ -293,10 +365,17 @@ void soft_attention_forward(const float* q, const float* k, const float* v, cons
         const TileInfo info = classify(s, has_p, t0, nr, j0, cols);
         // A tile without bias is the mask alone, the same for every router: made once.
         const int64_t tiles_made = info.add_tiles(d.RH);
-        if (info.add())
+        const bool per_head = blocks && info.biased;  // blocks: one additive tile per head
+        if (per_head) {
+          for (int64_t r = 0; r < d.RH; ++r) group_tile(d, pm.q(r), pm.t(r), t0, nr, j0, add[r].data());
+          for (int64_t h = 0; h < d.H; ++h)
+            head_tile(s, d, blocks, add[d.router_of(h / d.gs)].data(), h, t0, nr, j0, cols, info, head_add[h].data(),
+                      nullptr, nullptr);
+        } else if (info.add()) {
           for (int64_t r = 0; r < tiles_made; ++r)
             build_tile(s, d, has_p ? pm.q(r) : nullptr, has_p ? pm.t(r) : nullptr, t0, nr, j0, cols, info,
                        add[r].data(), nullptr);
+        }
         for (int r = 0; r < nr; ++r) {  // causal, within the sliding window
           const int64_t i = t0 + r;
           spans[r] = {};
@@ -306,8 +385,8 @@ void soft_attention_forward(const float* q, const float* k, const float* v, cons
         for (int64_t kvh = 0; kvh < d.KVH; ++kvh) {
           const float* kt = ktp.data() + (kb * d.KVH + kvh) * hdp * kB;
           const float* vt = vp.data() + (kb * kB * d.KVH + kvh * cols) * hdp;
-          const float* at = add[info.add_tile_of(d.router_of(kvh))].data();
           for (int64_t h = kvh * d.gs; h < (kvh + 1) * d.gs; ++h) {
+            const float* at = per_head ? head_add[h].data() : add[info.add_tile_of(d.router_of(kvh))].data();
             if (info.add())
               qts[h].visit<tiles::ExpMode::FastWhenFull, true>(kt, vt, hdp, 0, nr, spans, nullptr, at);
             else
@@ -330,7 +409,8 @@ void soft_attention_backward(const float* q, const float* k, const float* v, con
   const bool want_dq = has_p && dp != nullptr;
   float* dk_out = keys.pk ? keys.dpk : dp;
   const bool want_dk = has_p && dk_out != nullptr;
-  const bool want_dp = want_dq || want_dk;
+  const bool want_de = keys.block_bits && (keys.deq || keys.dek);  // the terms through the blocks' pairs
+  const bool want_dp = want_dq || want_dk || want_de;
   check_shape("soft_attention_backward", s, has_p, keys);
   if (s.n_q == 0) return;
   FOCUS_CHECK(q && k && v && o && lse && dout && dq && dk && dv,
@@ -349,6 +429,7 @@ void soft_attention_backward(const float* q, const float* k, const float* v, con
   pack_cols(k, d.n, d.KVH, d.hd, hdp, ktp.data());
   pack_cols(v, d.n, d.KVH, d.hd, hdp, vtp.data());
   const PackedP pm = pack_memberships(p, keys, d);
+  const Blocks blocks = make_blocks(keys, d);
 #pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < d.n; ++i)
     for (int64_t h = 0; h < d.H; ++h) {
@@ -379,6 +460,7 @@ void soft_attention_backward(const float* q, const float* k, const float* v, con
   }
   std::vector<float> dq_part((size_t)nlists * nrows * hdp, 0.f);
   std::vector<float> dp_part(want_dq ? (size_t)nlists * RH * pr_rows : 0, 0.f);
+  std::vector<float> deq_part(want_de && keys.deq ? (size_t)nlists * RH * d.n : 0, 0.f);
 
 #pragma omp parallel num_threads(nlists)
   {
@@ -386,24 +468,39 @@ void soft_attention_backward(const float* q, const float* k, const float* v, con
     const int64_t T2 = kB * kB;
     std::vector<float> st(d.gs * T2), dpt(d.gs * T2), add(RH * T2), inv(RH * T2), db(RH * T2);
     std::vector<float> dk_acc(d.KVH * kB * hdp), dv_acc(d.KVH * kB * hdp), dpk(RH * kB * d.Gp);
+    // Blocks: per head its additive tile, 1 / (A + eps) and the weights of the pairs its blocks
+    // read; per router the gradient of those weights (x) and the keys' sums of it.
+    const int64_t HB = blocks ? d.H : 0;
+    std::vector<float> head_add(HB * T2), head_inv(HB * T2), head_blk(HB * T2), x(blocks ? RH * T2 : 0);
+    std::vector<float> dek_acc(blocks ? RH * kB : 0);
     for (int li = tid; li < nlists; li += nth) {
       float* dqp = dq_part.data() + (size_t)li * nrows * hdp;
       float* dpp = want_dq ? dp_part.data() + (size_t)li * RH * pr_rows : nullptr;
+      float* deqp = deq_part.empty() ? nullptr : deq_part.data() + (size_t)li * RH * d.n;
       for (const int64_t kb : lists[li]) {
         const int64_t j0 = kb * kB;
         const int cols = tile_len(d.n, kb);
         std::fill(dk_acc.begin(), dk_acc.end(), 0.f);
         std::fill(dv_acc.begin(), dv_acc.end(), 0.f);
         std::fill(dpk.begin(), dpk.end(), 0.f);
+        std::fill(dek_acc.begin(), dek_acc.end(), 0.f);
         for (int64_t qb = kb; qb <= last_query_tile(s, d, kb); ++qb) {
           const int64_t t0 = qb * kB;
           const int nr = tile_len(d.n, qb);
           const TileInfo info = classify(s, has_p, t0, nr, j0, cols);
           const bool grad_bias = want_dp && info.biased;
-          if (info.add())
+          const bool per_head = blocks && info.biased;
+          if (per_head) {
+            for (int64_t r = 0; r < RH; ++r) group_tile(d, pm.q(r), pm.t(r), t0, nr, j0, add.data() + r * T2);
+            for (int64_t h = 0; h < d.H; ++h)
+              head_tile(s, d, blocks, add.data() + d.router_of(h / d.gs) * T2, h, t0, nr, j0, cols, info,
+                        head_add.data() + h * T2, head_inv.data() + h * T2, head_blk.data() + h * T2);
+            std::fill(x.begin(), x.end(), 0.f);
+          } else if (info.add()) {
             for (int64_t r = 0; r < info.add_tiles(RH); ++r)  // mask-only tiles: once
               build_tile(s, d, has_p ? pm.q(r) : nullptr, has_p ? pm.t(r) : nullptr, t0, nr, j0, cols, info,
                          add.data() + r * T2, grad_bias ? inv.data() + r * T2 : nullptr);
+          }
           if (grad_bias) std::fill(db.begin(), db.end(), 0.f);
           for (int64_t kvh = 0; kvh < d.KVH; ++kvh) {
             const int R = (int)(d.gs * nr);
@@ -416,11 +513,15 @@ void soft_attention_backward(const float* q, const float* k, const float* v, con
             float* P = st.data();
             float* dS = dpt.data();
             const float* addr = add.data() + info.add_tile_of(d.router_of(kvh)) * T2;
+            // Row rr of the group's additive tile (rows head by head, nr each).
+            auto add_row = [&](int rr) {
+              return per_head ? head_add.data() + (kvh * d.gs + rr / nr) * T2 + (rr % nr) * kB : addr + (rr % nr) * kB;
+            };
             // P = exp(S + add - lse) [R, 64], recomputed exactly as in the forward.
             gemm<false>(qg, hdp, ktile, kB, P, kB, R, (int)hdp, kB, false);
             for (int rr = 0; rr < R; ++rr) {
               float* pr = P + rr * kB;
-              const float* ar = addr + (rr % nr) * kB;
+              const float* ar = add_row(rr);
               const float lr = lsep[row0 + rr];
               for (int c = 0; c < kB; c += kV) {
                 const vf x = info.add() ? load(pr + c) + load(ar + c) : load(pr + c);
@@ -437,7 +538,26 @@ void soft_attention_backward(const float* q, const float* k, const float* v, con
             }
             gemm<true>(dS, kB, qg, hdp, dk_acc.data() + kvh * kB * hdp, hdp, cols, R, (int)hdp, true);
             gemm<false>(dS, kB, krows, hdp, dqp + row0 * hdp, hdp, R, cols, (int)hdp, true);
-            if (grad_bias)  // dBias = sum over the router's heads of dS
+            if (grad_bias && per_head) {
+              // dA = dS / (A + eps) per head; a pair its blocks read gives dA times its weight to
+              // the terms (x), any other to the router's memberships (db, summed over its heads).
+              const int64_t r = d.router_of(kvh);
+              for (int rr = 0; rr < R; ++rr) {
+                const int64_t h = kvh * d.gs + rr / nr, t = rr % nr;
+                const float* ir = head_inv.data() + h * T2 + t * kB;
+                const float* br = head_blk.data() + h * T2 + t * kB;
+                float* dr = db.data() + r * T2 + t * kB;
+                float* xr = x.data() + r * T2 + t * kB;
+                const float* sr = dS + rr * kB;
+                for (int c = 0; c < kB; ++c) {
+                  const float da = sr[c] * ir[c];
+                  if (br[c] > 0.f)
+                    xr[c] += da * br[c];
+                  else
+                    dr[c] += da;
+                }
+              }
+            } else if (grad_bias)  // dBias = sum over the router's heads of dS
               for (int rr = 0; rr < R; ++rr) {
                 float* br = db.data() + d.router_of(kvh) * T2 + (rr % nr) * kB;
                 for (int c = 0; c < kB; c += kV) store(br + c, load(br + c) + load(dS + rr * kB + c));
@@ -447,8 +567,17 @@ void soft_attention_backward(const float* q, const float* k, const float* v, con
             for (int64_t r = 0; r < RH; ++r) {
               // dA = dBias / (A + eps); dp_i += dA pk_j (query side), dpk_j += dA^T p_i (key side).
               float* dbr = db.data() + r * T2;
-              const float* ivr = inv.data() + r * T2;
-              for (int e = 0; e < nr * kB; e += kV) store(dbr + e, load(dbr + e) * load(ivr + e));
+              if (!per_head) {  // per head it is dA already
+                const float* ivr = inv.data() + r * T2;
+                for (int e = 0; e < nr * kB; e += kV) store(dbr + e, load(dbr + e) * load(ivr + e));
+              } else if (want_de) {  // the terms: each row's and each key's sum of x
+                const float* xr = x.data() + r * T2;
+                for (int t = 0; t < nr; ++t) {
+                  float rs = 0.f;
+                  for (int c = 0; c < cols; ++c) rs += xr[t * kB + c], dek_acc[r * kB + c] += xr[t * kB + c];
+                  if (deqp) deqp[r * d.n + t0 + t] += rs;
+                }
+              }
               if (want_dq)
                 gemm<false>(dbr, kB, pm.k(r) + j0 * d.Gp, d.Gp, dpp + r * pr_rows + t0 * d.Gp, d.Gp, nr, cols,
                             (int)d.Gp, true);
@@ -471,6 +600,9 @@ void soft_attention_backward(const float* q, const float* k, const float* v, con
             for (int c = 0; c < cols; ++c)
               for (int64_t g = 0; g < d.G; ++g)
                 dk_out[(r * d.n + j0 + c) * d.G + g] += dpk[(r * kB + c) * d.Gp + g];
+        if (want_de && keys.dek)
+          for (int64_t r = 0; r < RH; ++r)
+            for (int c = 0; c < cols; ++c) keys.dek[r * d.n + j0 + c] += dek_acc[r * kB + c];
       }
     }
   }
@@ -487,6 +619,12 @@ void soft_attention_backward(const float* q, const float* k, const float* v, con
         out[e] += s.scale * acc;
       }
     }
+    if (!deq_part.empty())
+      for (int64_t r = 0; r < RH; ++r) {
+        float acc = 0.f;
+        for (int li = 0; li < nlists; ++li) acc += deq_part[((size_t)li * RH + r) * d.n + i];
+        keys.deq[r * d.n + i] += acc;
+      }
     if (want_dq)
       for (int64_t r = 0; r < RH; ++r)
         for (int64_t g = 0; g < d.G; ++g) {

@@ -33,10 +33,23 @@ namespace focus::cpu {
 // With 0/1 memberships and a tiny eps this is the hard pattern itself (a masked pair keeps a
 // weight of eps), and dL/dA_ij = dL/dbias_ij / (A_ij + eps) is, for a masked pair, the first-order
 // change of the loss if the pair were read: the straight-through gradient of the mask.
+//
+// The hybrid pattern (training through it): query head h of row i also reads the keys of the
+// positional blocks set in block_bits [H, N, block_words] (bit b: keys b*block_size ..
+// (b+1)*block_size-1). A far pair (i, j) so read has, for head h of router r,
+//   A_ij = exp(eq[r, i] + ek[r, j])   in place of   sum_g p[r, i, g] pk[r, j, g]
+// (the far-pair terms; eq, ek null: 0). Its gradient goes to deq, dek [RH, N] (accumulated, when
+// not null), none to the memberships: a pair a block reads is read whatever the groups.
 struct SoftKeys {
   const float* pk = nullptr;  // [RH, N, G] key memberships, or null: the keys use p
   float* dpk = nullptr;       // [RH, N, G] their gradient (accumulated), or null to skip it
   int64_t route_heads = 1;    // RH
+  const uint64_t* block_bits = nullptr;  // [H, N, block_words], or null: no blocks
+  int64_t block_size = 0, block_words = 0;
+  const float* eq = nullptr;  // [RH, N] far-pair terms of the queries, or null
+  const float* ek = nullptr;  // [RH, N] of the keys, or null
+  float* deq = nullptr;       // [RH, N] gradients of the terms through the pairs blocks read, or null
+  float* dek = nullptr;
 };
 
 // (q, k, v, p) -> o [N, H, Dh], lse [H, N] (lse may be null).

@@ -11,7 +11,9 @@
 #include <vector>
 
 #include "core/mapped_file.h"
+#include "focus/focus_model.h"
 #include "model/generate.h"
+#include "model/model.h"
 #include "test_util.h"
 
 using focus::test::book;
@@ -69,6 +71,34 @@ TEST(Cli, RouterFlagsWithRandomRoutersStillWork) {
                     "--tau 0.5 --topk 1 --router-seed 3 --json");
   ASSERT_EQ(r.code, 0) << r.err;
   EXPECT_NE(r.out.find("\"focus\":\"hard (window 16, sinks 2, groups 4, d_g 8, top-1,"), std::string::npos) << r.out;
+}
+
+// A router folder with per-head block budgets: giving its own window and sinks again is fine, a
+// window of another size is refused (the budgets were measured at the folder's).
+TEST(Cli, RouterFolderWithBlockBudgetsTakesItsOwnWindow) {
+  FOCUS_NEED_FILE(stories());
+  auto m = focus::load_model(stories(), focus::LoadOptions{tok512()});
+  focus::FocusSettings s;
+  s.asymmetric = true;
+  s.groups = 4;
+  s.dg = 8;
+  s.topk = 1;
+  s.local_window = 16;
+  s.sinks = 1;
+  s.mode = focus::FocusMode::Hard;
+  focus::FocusRouters f = focus::focus_init(m->cfg, s, 3);
+  std::vector<std::vector<int64_t>> k(m->cfg.layers, std::vector<int64_t>(m->cfg.heads, 2));
+  f.settings.block_size = 4;
+  focus::set_block_budget(f, m->cfg, k, "test");
+  const std::string dir = ::testing::TempDir() + "/focus_cli_budget_routers";
+  focus::save_focus(f, dir, m->cfg, "test");
+  const std::string eval = "eval " + model_args() + " --text " + text() + " --ctx 64 --max-tokens 128 --focus " + dir;
+  const CliRun same = run(eval + " --window 16 --sinks 1 --json", "same");
+  EXPECT_EQ(same.code, 0) << same.err;
+  const CliRun other = run(eval + " --window 8", "other");
+  EXPECT_EQ(other.code, 1);
+  EXPECT_NE(other.err.find("holds per-head block budgets measured with its window and sinks"), std::string::npos)
+      << other.err;
 }
 
 TEST(Cli, GeneratePrintsTheLibrarysTokens) {

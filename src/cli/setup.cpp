@@ -59,6 +59,7 @@ std::unique_ptr<FocusRouters> FocusFlags::make(const Model& m) const {
   check();
   if (dir.empty()) return nullptr;
   std::unique_ptr<FocusRouters> f;
+  bool moves_window = false;
   if (dir == "random") {
     FocusSettings s;
     s.groups = groups;
@@ -73,6 +74,8 @@ std::unique_ptr<FocusRouters> FocusFlags::make(const Model& m) const {
     f = std::make_unique<FocusRouters>(focus_init(m.cfg, s, seed));
   } else {
     f = std::make_unique<FocusRouters>(load_focus(dir, m.cfg));
+    // A window or sink count the folder's own leaves its per-head block budgets valid.
+    moves_window = (window >= 0 && window != f->settings.local_window) || (sinks >= 0 && sinks != f->settings.sinks);
     if (window >= 0) f->settings.local_window = window;
     if (sinks >= 0) f->settings.sinks = sinks;
     if (topk) f->settings.topk = topk;
@@ -93,7 +96,7 @@ std::unique_ptr<FocusRouters> FocusFlags::make(const Model& m) const {
     FOCUS_CHECK(block_size < 0 || blocks >= 0, dir,
                 " holds per-head block budgets measured with blocks of ", f->settings.block_size,
                 "; --block-size needs --blocks K too (uniform blocks in their place)");
-    FOCUS_CHECK(blocks >= 0 || (window < 0 && sinks < 0), dir,
+    FOCUS_CHECK(blocks >= 0 || !moves_window, dir,
                 " holds per-head block budgets measured with its window and sinks; give --blocks K (uniform blocks "
                 "in their place) or --block-budget with a budget measured at the new window");
     if (blocks >= 0) f->block_budget.clear();  // uniform blocks replace them

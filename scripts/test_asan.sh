@@ -11,7 +11,7 @@ set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 BUILD="$ROOT/build-fuzz"
 DATA=${1:-$(cd "$ROOT/.." && pwd)/shared/data}
-SLOW='TrainScratch.ResumeGivesTheBitsOfAnUninterruptedRun:ShippedRouters.*:Weights.Gemma3NativeMatchesTheExactPath'
+SLOW='TrainScratch.ResumeGivesTheBitsOfAnUninterruptedRun:*ShippedRouters.*:Weights.Gemma3NativeMatchesTheExactPath'
 SLOW+=':Weights.SmolLM2NativeMatchesTheExactPath:GgufReal.*PythonReference:Retrofit.InterruptedRunResumesToTheSameBits'
 SLOW+=':TokenizerRoundTrip.Gemma3AllFiles:FocusAttention.N1000MatchesReference:FocusAttention.N3001MatchesReference'
 FILTER=${2:-"*-$SLOW"}

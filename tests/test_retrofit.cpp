@@ -302,7 +302,7 @@ TEST(Retrofit, FarTermsStartAtZeroFromInitRouters) {
 // Sparse training through the hybrid pattern (--blocks or --block-budget with --far-bias): the
 // hard loss of that pattern goes down, the terms move, the folder keeps the blocks and each
 // head's budget (evaluating it reads the pattern trained), and an interrupted run resumes to the
-// same bits. Blocks need the sparse objective.
+// same bits. Blocks need the sparse objective and refuse group weights.
 TEST(Retrofit, HybridTrainingLowersItsHardLossAndKeepsItsBlocks) {
   FOCUS_NEED_FILE(stories());
   FOCUS_NEED_FILE(book("pg-345-dracula.txt"));
@@ -344,6 +344,14 @@ TEST(Retrofit, HybridTrainingLowersItsHardLossAndKeepsItsBlocks) {
   RetrofitOptions od = distill_run(::testing::TempDir() + "/focus_hybrid_distill", 1);
   od.focus.blocks = 2;
   EXPECT_THROW(run_retrofit(*m, od), Error);
+  RetrofitOptions weighted = opts(::testing::TempDir() + "/focus_hybrid_weighted");  // blocks have no group weights
+  weighted.focus.group_bias = true;
+  try {
+    run_retrofit(*m, weighted);
+    FAIL() << "group weights with block budgets must be refused";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("without group weights"), std::string::npos) << e.what();
+  }
 }
 
 // With --balance swav every step's metrics line carries the SwAV loss: the mean over the step's

@@ -41,21 +41,17 @@ int run_retrofit_cmd(const RetrofitFlags& f) {
   if (!f.residual_budget.empty()) {
     FOCUS_CHECK(o.objective == "distill", "--residual-budget needs --objective distill");
     auto b = std::make_shared<BlockBudget>(load_block_budget(f.residual_budget));
-    check_residual_budget(*b, o.focus.local_window, o.focus.sinks, m.cfg, f.residual_budget);
+    check_block_budget(*b, o.focus.local_window, o.focus.sinks, m.cfg, f.residual_budget);
     o.distill.residual = b;
   }
   if (!f.block_budget.empty()) {
-    FOCUS_CHECK(o.objective == "sparse", "--block-budget needs --objective sparse");
     FOCUS_CHECK(!f.app->count("--blocks") && !f.app->count("--block-size"),
                 "--block-budget sets each head's blocks and their size: drop --blocks and --block-size");
     const BlockBudget b = load_block_budget(f.block_budget);
-    FOCUS_CHECK(b.window == o.focus.local_window && b.sinks == o.focus.sinks, f.block_budget, ": measured with window ",
-                b.window, " and sinks ", b.sinks, ", but this run trains window ", o.focus.local_window, " and sinks ",
-                o.focus.sinks, " (give --window and --sinks to match)");
+    check_block_budget(b, o.focus.local_window, o.focus.sinks, m.cfg, f.block_budget);
     o.focus.block_size = b.block;
     o.block_budget = b.k;
   }
-  FOCUS_CHECK(o.focus.blocks == 0 || o.objective == "sparse", "--blocks needs --objective sparse");
   FOCUS_CHECK(!f.app->count("--block-size") || o.focus.blocks > 0, "--block-size applies to the hybrid pattern: give --blocks K too");
   o.balance = parse_balance(f.balance);
   if (o.objective == "distill" && !f.app->count("--balance")) o.balance = Balance::Swav;

@@ -115,9 +115,7 @@ std::unique_ptr<FocusRouters> FocusFlags::make(const Model& m) const {
                 "--block-budget sets each head's blocks and their size: drop --blocks and --block-size");
     FOCUS_CHECK(f->settings.asymmetric, "--block-budget needs asymmetric routers");
     const BlockBudget b = load_block_budget(block_budget);
-    FOCUS_CHECK(b.window == f->settings.local_window && b.sinks == f->settings.sinks, block_budget,
-                ": measured with window ", b.window, " and sinks ", b.sinks, ", but the routers run window ",
-                f->settings.local_window, " and sinks ", f->settings.sinks, " (give --window and --sinks to match)");
+    check_block_budget(b, f->settings.local_window, f->settings.sinks, m.cfg, block_budget);
     f->settings.block_size = b.block;
     f->block_budget.clear();
     set_block_budget(*f, m.cfg, b.k, block_budget);

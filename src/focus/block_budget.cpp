@@ -313,6 +313,18 @@ void save_block_budget(const std::string& path, const BlockBudget& b) {
   io::write_file_atomic(path, j.dump() + "\n");
 }
 
+void check_block_budget(const BlockBudget& b, int64_t window, int64_t sinks, const ModelConfig& c,
+                           const std::string& source) {
+  FOCUS_CHECK(b.window == window && b.sinks == sinks, source, ": the block budgets were measured with window ",
+              b.window, " and ", b.sinks, " sinks, the routers have window ", window, " and ", sinks,
+              " (give the routers the same: --window ", b.window, " --sinks ", b.sinks, ")");
+  FOCUS_CHECK((int64_t)b.k.size() == c.layers, source, ": budgets for ", b.k.size(), " layers, the model has ",
+              c.layers);
+  for (int64_t l = 0; l < c.layers; ++l)
+    FOCUS_CHECK(c.layer_sliding_window[l] > 0 || (int64_t)b.k[l].size() == c.heads, source, ": layer ", l, " has ",
+                b.k[l].size(), " head budgets, the model has ", c.heads, " heads");
+}
+
 BlockBudget load_block_budget(const std::string& path) {
   nlohmann::json j;
   try {

@@ -94,6 +94,11 @@ void save_block_budget(const std::string& path, const BlockBudget& b);
 // Errors name the file: not a budget file, malformed fields, negative budgets.
 BlockBudget load_block_budget(const std::string& path);
 
+// Budgets b fit routers of window and sinks on model c (the same window and sinks, a list per
+// head of every global layer); errors name source.
+void check_block_budget(const BlockBudget& b, int64_t window, int64_t sinks, const ModelConfig& c,
+                        const std::string& source);
+
 // A JSON array of per-layer lists of counts in [0, 2^20] (budget files, focus.json
 // "block_budget"); errors name path and key.
 std::vector<std::vector<int64_t>> per_layer_counts(const nlohmann::json& v, const std::string& path,

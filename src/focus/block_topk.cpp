@@ -291,6 +291,14 @@ void block_bounds(const float* q, const BlockTopKState& st, int64_t kvh, int64_t
   block_bounds(q, 1, st, kvh, b0, b1, out, 0);
 }
 
+int block_topk_select_window(const AttentionCall& a, const BlockTopKSettings& s, std::vector<int32_t>& qg) {
+  FOCUS_CHECK(a.pos0 == 0 && a.k, "block top-k over a window: the call must hold the whole window from position 0");
+  const ModelConfig& c = *a.cfg;
+  BlockTopKState st(s.block, c.kv_heads, c.head_dim);
+  st.append(cpu::KvView(a.k), c.kv_dim(), a.T);
+  return block_topk_select(a, st, s, qg);
+}
+
 BlockTopKSettings block_topk_settings(const AttentionOptions& o, const ModelConfig& c, int64_t layer) {
   BlockTopKSettings s;
   if (o.has("budget")) {

@@ -105,5 +105,7 @@ void block_bounds(const float* q, int64_t nh, const BlockTopKState& st, int64_t 
 // nothing. st must hold the keys up to the call's last row.
 int block_topk_select(const AttentionCall& a, const BlockTopKState& st, const BlockTopKSettings& s,
                       std::vector<int32_t>& qg);
+// The same for a whole window from position 0 (training): the blocks' bounds from the call's keys.
+int block_topk_select_window(const AttentionCall& a, const BlockTopKSettings& s, std::vector<int32_t>& qg);
 
 }  // namespace focus

@@ -312,21 +312,23 @@ struct SparseTape final : AttentionState {
   void truncate(int64_t) override {}
 };
 
-// The blocks block top-k (with the hybrid's settings fs) selects for every (row, query head) of a
-// whole window from position 0, as bits [heads, T, words] of the soft kernel's SoftKeys.
-int64_t select_block_bits(const AttentionCall& a, const FocusSettings& fs, std::vector<uint64_t>& bits) {
-  const ModelConfig& c = *a.cfg;
-  const int64_t T = a.T, H = c.heads, B = fs.block_size;
-  BlockTopKState st(B, c.kv_heads, c.head_dim);
-  st.append(cpu::KvView(a.k), c.kv_dim(), T);
+// The hybrid pattern's blocks as block top-k settings (uniform, or each head's budget).
+BlockTopKSettings hybrid_blocks(const FocusSettings& fs) {
   BlockTopKSettings bs;
-  bs.block = B;
+  bs.block = fs.block_size;
   bs.k = fs.blocks;
   if (!fs.block_head_k.empty()) bs.set_head_k(fs.block_head_k);
   bs.window = fs.local_window;
   bs.sinks = fs.sinks;
+  return bs;
+}
+
+// The blocks the hybrid (settings fs) reads for every (row, query head) of a whole window from
+// position 0, as bits [heads, T, words] of the soft kernel's SoftKeys.
+int64_t select_block_bits(const AttentionCall& a, const FocusSettings& fs, std::vector<uint64_t>& bits) {
+  const int64_t T = a.T, H = a.cfg->heads, B = fs.block_size;
   std::vector<int32_t> qb;
-  const int kq = block_topk_select(a, st, bs, qb);
+  const int kq = block_topk_select_window(a, hybrid_blocks(fs), qb);
   const int64_t words = ((T + B - 1) / B + 63) / 64;
   bits.assign(H * T * words, 0);
   for (int64_t t = 0; t < T; ++t)
@@ -603,13 +605,7 @@ class AsymmetricFocusAttention final : public AttentionPolicy {
     cpu::GroupedRouting routing{G, RH, nullptr, k, qg.data()};
     std::vector<int32_t> qb;
     if (ks->blocks) {
-      BlockTopKSettings bs;
-      bs.block = fs_.block_size;
-      bs.k = fs_.blocks;
-      if (!fs_.block_head_k.empty()) bs.set_head_k(fs_.block_head_k);
-      bs.window = fs_.local_window;
-      bs.sinks = fs_.sinks;
-      routing.kb = block_topk_select(a, *ks->blocks, bs, qb);
+      routing.kb = block_topk_select(a, *ks->blocks, hybrid_blocks(fs_), qb);
       routing.block_size = fs_.block_size;
       routing.query_blocks = qb.data();
     }

@@ -349,7 +349,8 @@ FocusRouters load_focus(const std::string& dir, const ModelConfig& c) {
 
 void set_block_budget(FocusRouters& f, const ModelConfig& c, std::vector<std::vector<int64_t>> k,
                       const std::string& where) {
-  FOCUS_CHECK(f.settings.asymmetric, where, ": block budgets need asymmetric routers");
+  FOCUS_CHECK(f.settings.asymmetric && !f.settings.group_bias, where,
+              ": block budgets need asymmetric routers without group weights");
   FOCUS_CHECK((int64_t)k.size() == c.layers, where, ": block budgets for ", k.size(), " layers, the model has ",
               c.layers);
   int64_t top = 0;

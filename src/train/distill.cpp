@@ -35,10 +35,8 @@ void block_read_bits(const AttentionCall& a, const BlockBudget& b, std::vector<u
   bs.window = b.window;
   bs.sinks = b.sinks;
   bs.set_head_k(b.k[a.layer]);
-  BlockTopKState st(bs.block, c.kv_heads, c.head_dim);
-  st.append(cpu::KvView(a.k), c.kv_dim(), T);
   std::vector<int32_t> qg;
-  const int kq = block_topk_select(a, st, bs, qg);
+  const int kq = block_topk_select_window(a, bs, qg);
   by_row.assign(H * T * words, 0);
   by_key.assign(H * T * words, 0);
 #pragma omp parallel for schedule(dynamic, 1)
@@ -163,25 +161,13 @@ class DistillAttention final : public AttentionPolicy {
 
 }  // namespace
 
-void check_residual_budget(const BlockBudget& b, int64_t window, int64_t sinks, const ModelConfig& c,
-                           const std::string& source) {
-  FOCUS_CHECK(b.window == window && b.sinks == sinks, source, ": the block budgets were measured with window ",
-              b.window, " and ", b.sinks, " sinks, the routers have window ", window, " and ", sinks,
-              " (give the routers the same: --window ", b.window, " --sinks ", b.sinks, ")");
-  FOCUS_CHECK((int64_t)b.k.size() == c.layers, source, ": budgets for ", b.k.size(), " layers, the model has ",
-              c.layers);
-  for (int64_t l = 0; l < c.layers; ++l)
-    FOCUS_CHECK(c.layer_sliding_window[l] > 0 || (int64_t)b.k[l].size() == c.heads, source, ": layer ", l, " has ",
-                b.k[l].size(), " head budgets, the model has ", c.heads, " heads");
-}
-
 LossGrad distill_loss_and_grad(const Model& m, const FocusRouters& f, const TrainWindow& w, float loss_scale,
                                const DistillOptions& o, std::vector<std::vector<float>>* grads, DistillStats* stats) {
   const ModelConfig& c = m.cfg;
   FOCUS_CHECK(f.settings.asymmetric, "distillation trains asymmetric routers (keys by W_k, queries by W_r)");
   FOCUS_CHECK(w.T >= 1, "distillation: empty window");
   if (o.residual)
-    check_residual_budget(*o.residual, f.settings.local_window, f.settings.sinks, c, "residual distillation");
+    check_block_budget(*o.residual, f.settings.local_window, f.settings.sinks, c, "residual distillation");
   DistillStats local;
   DistillStats& st = stats ? *stats : local;
   st.far_sum.resize(f.routers.size(), 0.0);

@@ -56,11 +56,6 @@ struct DistillStats {
   double far_total = 0;    // sum over rows of far_i
 };
 
-// Whether budget b can be the residual target of routers with this window and sinks on a model of
-// config c: the same window and sinks, and budgets for every head of every global layer. Throws
-// focus::Error whose message starts with source (the budget file's name, for instance).
-void check_residual_budget(const BlockBudget& b, int64_t window, int64_t sinks, const ModelConfig& c,
-                           const std::string& source);
 
 // One window: a dense forward with the routers' distillation on every router layer. Accumulates
 // the routers' gradients (scaled by loss_scale) into grads[router] when not null, and the losses

@@ -220,10 +220,8 @@ RetrofitResult run_retrofit(const Model& m, const RetrofitOptions& o) {
   FOCUS_CHECK(!sparse || !o.focus.per_head || m.cfg.heads == m.cfg.kv_heads, "retrofit: sparse training routes per "
               "layer or per kv head; routers per query head need as many kv heads as query heads (this model has ",
               m.cfg.heads, " and ", m.cfg.kv_heads, ")");
-  const bool hybrid = o.focus.blocks > 0 || !o.block_budget.empty();
-  FOCUS_CHECK(!hybrid || sparse, "retrofit: positional blocks (the hybrid pattern) train with --objective sparse");
-  FOCUS_CHECK(!hybrid || !o.focus.group_bias, "retrofit: the hybrid pattern trains without group weights");
-  FOCUS_CHECK(!hybrid || o.focus.block_size >= 1, "retrofit: --block-size must be >= 1");
+  FOCUS_CHECK(sparse || (o.focus.blocks == 0 && o.block_budget.empty()),
+              "retrofit: positional blocks (the hybrid pattern) train with --objective sparse");
   FocusRouters f = focus_init(m.cfg, fs_, o.seed);
   FOCUS_CHECK(!f.routers.empty(), "retrofit: the model has no global attention layer to route");
   if (!o.init.empty()) init_from(f, o.init, m.cfg);

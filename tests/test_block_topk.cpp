@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "core/threads.h"
 #include "focus/block_topk.h"
 #include "model/attention.h"
 #include "test_models.h"
@@ -313,6 +314,61 @@ TEST(BlockTopK, SelectsExactlyOnExtremeBounds) {
       EXPECT_GT(nans, 1000) << "NaN bounds to rank";
     }
   }
+}
+
+// A call of a few rows (decoding: the threads share each row's blocks, cut into pieces) lists
+// the same blocks for each row as one call over every row (the threads share the rows), ties
+// included, with 1 and 3 threads.
+TEST(BlockTopK, FewRowsChooseAsOneCall) {
+  ModelConfig c = small_config();
+  c.head_dim = 64;  // enough work per row for the threads to share it
+  const int64_t n = 2400, hd = c.head_dim;
+  BlockTopKSettings s;
+  s.block = 2;
+  s.window = 8;
+  s.sinks = 3;
+  s.set_head_k({3, 40, 0, 700});  // 700: more than one piece of blocks to choose from
+  const int saved = focus::num_threads();
+  for (int pass = 0; pass < 2; ++pass) {
+    auto q = random_normal(n * c.q_dim(), 11 + pass, 1.f);
+    auto k = random_normal(n * c.kv_dim(), 12 + pass, 1.f);
+    if (pass == 1) {  // whole numbers: many bounds tie
+      for (float& x : q) x = std::round(x);
+      for (float& x : k) x = std::round(x);
+    }
+    BlockTopKState st(s.block, c.kv_heads, hd);
+    st.append(k.data(), c.kv_dim(), n);
+    auto lists = [&](int64_t pos0, int64_t T) {  // the used slots of every (row, head)
+      AttentionCall a;
+      a.cfg = &c;
+      a.pos0 = pos0;
+      a.T = T;
+      a.q = q.data() + pos0 * c.q_dim();
+      a.k = k.data();
+      std::vector<int32_t> qg;
+      const int kq = block_topk_select(a, st, s, qg);
+      std::vector<std::vector<int32_t>> out(T * c.heads);
+      for (int64_t i = 0; i < T * c.heads; ++i)
+        for (int x = 0; x < kq; ++x)
+          if (qg[i * kq + x] >= 0) out[i].push_back(qg[i * kq + x]);
+      return out;
+    };
+    focus::set_threads(2);
+    const auto all = lists(0, n);
+    for (int threads : {1, 3}) {
+      focus::set_threads(threads);
+      for (auto [pos0, T] : std::vector<std::pair<int64_t, int64_t>>{{n - 1, 1}, {n - 4, 4}, {1500, 2}, {700, 3},
+                                                                      {10, 1}, {11, 4}, {0, 1}}) {
+        SCOPED_TRACE("pass " + std::to_string(pass) + ", " + std::to_string(threads) + " threads, rows " +
+                     std::to_string(pos0) + " + " + std::to_string(T));
+        const auto few = lists(pos0, T);
+        for (int64_t i = 0; i < T * c.heads; ++i)
+          ASSERT_EQ(few[i], all[pos0 * c.heads + i]) << "row " << pos0 + i / c.heads << " head " << i % c.heads;
+      }
+    }
+    EXPECT_EQ(all[(n - 1) * c.heads + 3].size(), 701u) << "the last row's fourth head chooses 700 blocks";
+  }
+  focus::set_threads(saved);
 }
 
 // K large enough to read every block: dense causal attention, at density one.

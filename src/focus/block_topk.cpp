@@ -102,6 +102,31 @@ class BlockTopKAttention final : public AttentionPolicy {
 
 }  // namespace
 
+namespace {
+
+// Lists in slots[1 ..] the Kh blocks lo + x with the largest bounds bd[x] (x < nb), ascending by
+// block: every block above the Kh-th largest bound thr, and of those equal to it the lowest ones
+// (block_ranks_before), so one pass in block order lists them. NaN ranks last (bd is changed:
+// NaN becomes -inf), as no order holds NaN.
+void pick_blocks(float* bd, int64_t nb, int64_t Kh, int64_t lo, int32_t* slots, std::vector<float>& sorted,
+                 std::vector<uint8_t>& bucket) {
+  for (int64_t x = 0; x < nb; ++x)
+    if (std::isnan(bd[x])) bd[x] = -std::numeric_limits<float>::infinity();
+  const float thr = kth_largest(bd, nb, Kh, sorted, bucket);
+  int64_t above = 0;
+  for (int64_t x = 0; x < nb; ++x) above += bd[x] > thr;
+  int64_t ties = Kh - above, m = 0;
+  for (int64_t x = 0; x < nb && m < Kh; ++x)
+    if (bd[x] > thr || (bd[x] == thr && ties-- > 0)) slots[1 + m++] = (int32_t)(lo + x);
+}
+
+// Up to this many rows a call is decoding-sized: its rows cannot share the threads, so the
+// threads share each row's blocks, kSplitBlocks at a time.
+constexpr int64_t kSplitRows = 4;
+constexpr int64_t kSplitBlocks = 256;
+
+}  // namespace
+
 int block_topk_select(const AttentionCall& a, const BlockTopKState& st, const BlockTopKSettings& s,
                       std::vector<int32_t>& qg) {
   const ModelConfig& c = *a.cfg;
@@ -118,7 +143,72 @@ int block_topk_select(const AttentionCall& a, const BlockTopKState& st, const Bl
               " head budgets for ", H, " heads (layer ", a.layer, ")");
   std::vector<int64_t> kh(H);
   for (int64_t h = 0; h < H; ++h) kh[h] = std::min(s.k_of(h), K);
+  // Row t's current block (that of its last far key p - w), or -1 when it has no far key; a head
+  // chooses when it has more candidates than its budget.
+  auto current = [&](int64_t t) {
+    const int64_t f = a.pos0 + t - w;
+    return f < s.sinks ? int64_t{-1} : f / B;
+  };
+  auto chooses = [&](int64_t h, int64_t nb) { return kh[h] > 0 && nb > kh[h]; };
+  // Slot 0 of row t's lists, and every candidate for the heads whose budget holds them all.
+  auto start_row = [&](int64_t t, int64_t cur) {
+    for (int64_t h = 0; h < H; ++h) {
+      int32_t* slots = qg.data() + (t * H + h) * kq;
+      slots[0] = (int32_t)cur;
+      if (cur - lo <= kh[h])
+        for (int64_t b = lo; b < cur; ++b) slots[1 + b - lo] = (int32_t)b;
+    }
+  };
   const int64_t work = a.T * H * max_cand * hd;
+
+  if (a.T <= kSplitRows) {
+    // Few rows (decoding): the rows' candidates are cut into pieces of kSplitBlocks, each
+    // (row, kv head, piece) a task that scores the piece for all the kv head's query heads (a
+    // block's bound is its own chain, so the cut does not change its bits); then each
+    // (row, head) that chooses picks from its row of bounds.
+    std::vector<float> bound(a.T * H * max_cand);
+    struct Piece {
+      int64_t t, kvh, b0, b1;
+    };
+    std::vector<Piece> pieces;
+    for (int64_t t = 0; t < a.T; ++t) {
+      const int64_t cur = current(t);
+      if (cur < 0) continue;
+      const int64_t nb = cur - lo;
+      start_row(t, cur);
+      for (int64_t kvh = 0; kvh < c.kv_heads; ++kvh) {
+        bool any = false;
+        for (int64_t h = kvh * hpk; h < (kvh + 1) * hpk; ++h) any = any || chooses(h, nb);
+        if (!any) continue;
+        for (int64_t b0 = lo; b0 < cur;) {
+          const int64_t b1 = std::min(cur, (b0 / kSplitBlocks + 1) * kSplitBlocks);
+          pieces.push_back({t, kvh, b0, b1});
+          b0 = b1;
+        }
+      }
+    }
+    if (pieces.empty()) return (int)kq;
+#pragma omp parallel if (work > (int64_t{1} << 18))
+    {
+      std::vector<float> sorted;
+      std::vector<uint8_t> bucket;
+#pragma omp for schedule(dynamic, 1)
+      for (int64_t i = 0; i < (int64_t)pieces.size(); ++i) {
+        const Piece& u = pieces[i];
+        const int64_t h0 = u.kvh * hpk;
+        block_bounds(a.q + u.t * c.q_dim() + h0 * hd, hpk, st, u.kvh, u.b0, u.b1,
+                     bound.data() + (u.t * H + h0) * max_cand + (u.b0 - lo), max_cand);
+      }
+#pragma omp for schedule(dynamic, 1)
+      for (int64_t i = 0; i < a.T * H; ++i) {
+        const int64_t t = i / H, h = i % H, cur = current(t);
+        if (cur < 0 || !chooses(h, cur - lo)) continue;
+        pick_blocks(bound.data() + i * max_cand, cur - lo, kh[h], lo, qg.data() + i * kq, sorted, bucket);
+      }
+    }
+    return (int)kq;
+  }
+
 #pragma omp parallel if (work > (int64_t{1} << 18))
   {
     std::vector<float> bound, sorted, qs(hpk * hd);
@@ -126,42 +216,25 @@ int block_topk_select(const AttentionCall& a, const BlockTopKState& st, const Bl
     std::vector<int64_t> chosen(hpk);
 #pragma omp for schedule(dynamic, 4)
     for (int64_t t = 0; t < a.T; ++t) {
-      const int64_t f = a.pos0 + t - w;
-      if (f < s.sinks) continue;
-      const int64_t cur = f / B, nb = cur - lo;
-      for (int64_t h = 0; h < H; ++h) {
-        int32_t* slots = qg.data() + (t * H + h) * kq;
-        slots[0] = (int32_t)cur;
-        if (nb <= kh[h])  // every candidate fits
-          for (int64_t b = lo; b < cur; ++b) slots[1 + b - lo] = (int32_t)b;
-      }
+      const int64_t cur = current(t);
+      if (cur < 0) continue;
+      const int64_t nb = cur - lo;
+      start_row(t, cur);
       // Each query head that must choose scores every candidate and keeps its top Kh, ascending;
       // the heads of a kv head are scored together (one pass over the blocks' ranges).
       for (int64_t kvh = 0; kvh < c.kv_heads; ++kvh) {
         int64_t nh = 0;
         for (int64_t h = kvh * hpk; h < (kvh + 1) * hpk; ++h)
-          if (kh[h] > 0 && nb > kh[h]) {
+          if (chooses(h, nb)) {
             std::copy_n(a.q + t * c.q_dim() + h * hd, hd, qs.data() + nh * hd);
             chosen[nh++] = h;
           }
         if (nh == 0) continue;
         bound.resize(nh * nb);
         block_bounds(qs.data(), nh, st, kvh, lo, cur, bound.data(), nb);
-        for (int64_t i = 0; i < nh; ++i) {
-          const int64_t h = chosen[i], Kh = kh[h];
-          float* bd = bound.data() + i * nb;
-          for (int64_t x = 0; x < nb; ++x)
-            if (std::isnan(bd[x])) bd[x] = -std::numeric_limits<float>::infinity();  // ranks last, as no order holds NaN
-          // The Kh-th largest bound thr: every block above it is chosen, and of those equal to it
-          // the lowest ones (block_ranks_before), so one pass in block order lists them ascending.
-          const float thr = kth_largest(bd, nb, Kh, sorted, bucket);
-          int64_t above = 0;
-          for (int64_t x = 0; x < nb; ++x) above += bd[x] > thr;
-          int64_t ties = Kh - above, m = 0;
-          int32_t* slots = qg.data() + (t * H + h) * kq;
-          for (int64_t x = 0; x < nb && m < Kh; ++x)
-            if (bd[x] > thr || (bd[x] == thr && ties-- > 0)) slots[1 + m++] = (int32_t)(lo + x);
-        }
+        for (int64_t i = 0; i < nh; ++i)
+          pick_blocks(bound.data() + i * nb, nb, kh[chosen[i]], lo, qg.data() + (t * H + chosen[i]) * kq, sorted,
+                      bucket);
       }
     }
   }

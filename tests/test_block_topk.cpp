@@ -7,6 +7,7 @@
 #include <cstring>
 #include <cmath>
 #include <memory>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -314,6 +315,45 @@ TEST(BlockTopK, SelectsExactlyOnExtremeBounds) {
       EXPECT_GT(nans, 1000) << "NaN bounds to rank";
     }
   }
+}
+
+// The listing rule on its own, against a sort of (bound, block) pairs: random bounds, whole numbers
+// (ties), NaN and infinities, every bound equal, and rows whose evenly spaced sample holds the
+// largest bounds (so the sample's pivot keeps fewer than Kh and every bound is taken).
+TEST(BlockTopK, PickMatchesSorting) {
+  std::mt19937 g(5);
+  std::normal_distribution<float> nd(0.f, 1.f);
+  std::vector<float> scratch;
+  int64_t checked = 0;
+  for (int kind = 0; kind < 5; ++kind)
+    for (int64_t nb : {2, 7, 100, 257, 600, 2048, 5000})
+      for (int64_t Kh : {int64_t{1}, int64_t{3}, nb / 10, nb / 2, nb - 1}) {
+        if (Kh < 1 || Kh >= nb) continue;
+        SCOPED_TRACE("kind " + std::to_string(kind) + " nb " + std::to_string(nb) + " Kh " + std::to_string(Kh));
+        std::vector<float> bd(nb);
+        for (int64_t x = 0; x < nb; ++x) {
+          const float r = nd(g);
+          if (kind == 0) bd[x] = r;
+          if (kind == 1) bd[x] = std::round(r * 2.f);
+          if (kind == 2) bd[x] = x % 13 == 0 ? NAN : x % 17 == 0 ? INFINITY : x % 19 == 0 ? -INFINITY : std::round(r);
+          if (kind == 3) bd[x] = 1.5f;
+          if (kind == 4) bd[x] = r;
+        }
+        if (kind == 4)  // the sampled positions hold the largest bounds
+          for (int64_t i = 0; i < 64; ++i) bd[i * nb / 64] = 100.f + (float)i;
+        std::vector<std::pair<float, int32_t>> cand;
+        for (int64_t x = 0; x < nb; ++x) cand.push_back({std::isnan(bd[x]) ? -INFINITY : bd[x], (int32_t)(40 + x)});
+        std::sort(cand.begin(), cand.end(), block_ranks_before);
+        std::vector<int32_t> want;
+        for (int64_t i = 0; i < Kh; ++i) want.push_back(cand[i].second);
+        std::sort(want.begin(), want.end());
+        std::vector<int32_t> slots(Kh + 1, -7);
+        block_topk_pick(bd.data(), nb, Kh, 40, slots.data(), scratch);
+        EXPECT_EQ(slots[0], -7) << "slot 0 is the caller's";
+        ASSERT_EQ(std::vector<int32_t>(slots.begin() + 1, slots.end()), want);
+        ++checked;
+      }
+  EXPECT_GT(checked, 100);
 }
 
 // A call of a few rows (decoding: the threads share each row's blocks, cut into pieces) lists

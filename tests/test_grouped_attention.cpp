@@ -391,15 +391,18 @@ TEST(GroupedKeyIndex, AppendAndTruncateMatchBuild) {
   }
   EXPECT_EQ(inc.n_keys, c.n);
   EXPECT_EQ(inc.members, P.idx.members);
+  EXPECT_EQ(inc.key_group, P.idx.key_group);
   // Rolled back to 250 keys and refilled: the same index again.
   inc.truncate(250);
   EXPECT_EQ(inc.n_keys, 250);
   for (const auto& m : inc.members) EXPECT_TRUE(m.empty() || m.back() < 250);
+  for (const auto& g : inc.key_group) EXPECT_EQ(g.size(), 250u);
   rows.clear();
   for (int64_t rh = 0; rh < c.RH; ++rh)
     rows.insert(rows.end(), P.key_group.begin() + rh * c.n + 250, P.key_group.begin() + rh * c.n + c.n);
   inc.append(rows.data(), c.n - 250);
   EXPECT_EQ(inc.members, P.idx.members);
+  EXPECT_EQ(inc.key_group, P.idx.key_group);
 }
 
 TEST(GroupedPairCount, MatchesBruteForce) {
@@ -735,6 +738,7 @@ TEST(GroupedAttention, BadIdsThrow) {
   EXPECT_THROW(idx.append(&bad_hi, 1), focus::Error);
   EXPECT_THROW(idx.append(&bad_lo, 1), focus::Error);
   EXPECT_EQ(idx.members, P.idx.members);
+  EXPECT_EQ(idx.key_group, P.idx.key_group);
   EXPECT_EQ(idx.n_keys, c.n);
   std::vector<int32_t> kg = P.key_group;
   kg[17] = (int32_t)c.G;

@@ -12,40 +12,6 @@
 namespace focus {
 namespace {
 
-// The k-th largest of x[0 .. n-1] (1 <= k <= n; no NaN). The values are spread over 256 buckets
-// by a monotone map of [min, max] (so a higher bucket holds only larger values); the bucket
-// holding the k-th largest is found by counting from the top, and only its values are ordered.
-float kth_largest(const float* x, int64_t n, int64_t k, std::vector<float>& scratch, std::vector<uint8_t>& bucket) {
-  float mn = x[0], mx = x[0];
-  for (int64_t i = 1; i < n; ++i) {
-    mn = std::min(mn, x[i]);
-    mx = std::max(mx, x[i]);
-  }
-  const float range = mx - mn, scale = 255.f / range;
-  // All equal, infinities, or a range too small to divide by: order them all.
-  if (!(range > 0.f) || !std::isfinite(range) || !std::isfinite(scale)) {
-    scratch.assign(x, x + n);
-    std::nth_element(scratch.begin(), scratch.begin() + (k - 1), scratch.end(), std::greater<float>());
-    return scratch[k - 1];
-  }
-  int64_t count[256] = {};
-  bucket.resize(n);
-  for (int64_t i = 0; i < n; ++i) {
-    const int b = std::min(255, (int)((x[i] - mn) * scale));
-    bucket[i] = (uint8_t)b;
-    ++count[b];
-  }
-  int b = 255;
-  int64_t above = 0;
-  while (above + count[b] < k) above += count[b--];
-  scratch.clear();
-  for (int64_t i = 0; i < n; ++i)
-    if (bucket[i] == b) scratch.push_back(x[i]);
-  const int64_t r = k - above;  // the r-th largest of the bucket
-  std::nth_element(scratch.begin(), scratch.begin() + (r - 1), scratch.end(), std::greater<float>());
-  return scratch[r - 1];
-}
-
 class BlockTopKAttention final : public AttentionPolicy {
  public:
   explicit BlockTopKAttention(const BlockTopKSettings& s) : s_(s) {}
@@ -102,28 +68,60 @@ class BlockTopKAttention final : public AttentionPolicy {
 
 }  // namespace
 
-namespace {
-
-// Lists in slots[1 ..] the Kh blocks lo + x with the largest bounds bd[x] (x < nb), ascending by
-// block: every block above the Kh-th largest bound thr, and of those equal to it the lowest ones
-// (block_ranks_before), so one pass in block order lists them. NaN ranks last (bd is changed:
-// NaN becomes -inf), as no order holds NaN.
-void pick_blocks(float* bd, int64_t nb, int64_t Kh, int64_t lo, int32_t* slots, std::vector<float>& sorted,
-                 std::vector<uint8_t>& bucket) {
-  for (int64_t x = 0; x < nb; ++x)
-    if (std::isnan(bd[x])) bd[x] = -std::numeric_limits<float>::infinity();
-  const float thr = kth_largest(bd, nb, Kh, sorted, bucket);
-  int64_t above = 0;
-  for (int64_t x = 0; x < nb; ++x) above += bd[x] > thr;
-  int64_t ties = Kh - above, m = 0;
-  for (int64_t x = 0; x < nb && m < Kh; ++x)
-    if (bd[x] > thr || (bd[x] == thr && ties-- > 0)) slots[1 + m++] = (int32_t)(lo + x);
+// thr is found among the bounds at or above a pivot: a sample's value a few ranks below where the
+// Kh-th largest is expected, or -inf (every bound) when fewer than Kh reach it. Three passes over
+// the bounds (NaN vectorised, candidates branch-free, listing).
+void block_topk_pick(float* bd, int64_t nb, int64_t Kh, int64_t lo, int32_t* slots, std::vector<float>& cand) {
+  using namespace cpu::simd;
+  const float ninf = -std::numeric_limits<float>::infinity();
+  int64_t x = 0;
+  for (; x + kV <= nb; x += kV) {
+    const vf v = load(bd + x);
+    store(bd + x, select(v != v, bcast(ninf), v));
+  }
+  for (; x < nb; ++x)
+    if (std::isnan(bd[x])) bd[x] = ninf;
+  constexpr int64_t kSample = 64;
+  float pivot = ninf;
+  if (nb > 4 * kSample) {
+    float smp[kSample];
+    for (int64_t i = 0; i < kSample; ++i) smp[i] = bd[i * nb / kSample];
+    const int64_t e = (Kh * kSample + nb - 1) / nb;  // the sample rank where the Kh-th largest is expected
+    const int64_t r = std::min<int64_t>(kSample - 1, e + 3 + e / 4);
+    std::nth_element(smp, smp + r, smp + kSample, std::greater<float>());
+    pivot = smp[r];
+  }
+  cand.resize(nb);
+  int64_t m = 0;
+  for (;;) {
+    m = 0;
+    for (x = 0; x < nb; ++x) {
+      cand[m] = bd[x];
+      m += bd[x] >= pivot;
+    }
+    if (m >= Kh) break;
+    pivot = ninf;  // an unlucky sample: every bound is a candidate
+  }
+  std::nth_element(cand.begin(), cand.begin() + (Kh - 1), cand.begin() + m, std::greater<float>());
+  const float thr = cand[Kh - 1];
+  int64_t above = 0;  // bounds > thr: all are candidates
+  for (int64_t i = 0; i < m; ++i) above += cand[i] > thr;
+  int64_t ties = Kh - above, listed = 0;
+  for (x = 0; x < nb && listed < Kh; ++x)
+    if (bd[x] > thr || (bd[x] == thr && ties-- > 0)) slots[1 + listed++] = (int32_t)(lo + x);
 }
+
+namespace {
 
 // Up to this many rows a call is decoding-sized: its rows cannot share the threads, so the
 // threads share each row's blocks, kSplitBlocks at a time.
 constexpr int64_t kSplitRows = 4;
 constexpr int64_t kSplitBlocks = 256;
+// More rows: the threads share tiles of kSelectRows neighbouring rows, and a tile's candidates are
+// scored kScoreBlocks at a time for all its rows (a piece of the ranges, 32 KiB at head dim 64, is
+// read from memory once per tile of rows instead of once per row).
+constexpr int64_t kSelectRows = 8;
+constexpr int64_t kScoreBlocks = 64;
 
 }  // namespace
 
@@ -190,8 +188,7 @@ int block_topk_select(const AttentionCall& a, const BlockTopKState& st, const Bl
     if (pieces.empty()) return (int)kq;
 #pragma omp parallel if (work > (int64_t{1} << 18))
     {
-      std::vector<float> sorted;
-      std::vector<uint8_t> bucket;
+      std::vector<float> cand;
 #pragma omp for schedule(dynamic, 1)
       for (int64_t i = 0; i < (int64_t)pieces.size(); ++i) {
         const Piece& u = pieces[i];
@@ -203,38 +200,58 @@ int block_topk_select(const AttentionCall& a, const BlockTopKState& st, const Bl
       for (int64_t i = 0; i < a.T * H; ++i) {
         const int64_t t = i / H, h = i % H, cur = current(t);
         if (cur < 0 || !chooses(h, cur - lo)) continue;
-        pick_blocks(bound.data() + i * max_cand, cur - lo, kh[h], lo, qg.data() + i * kq, sorted, bucket);
+        block_topk_pick(bound.data() + i * max_cand, cur - lo, kh[h], lo, qg.data() + i * kq, cand);
       }
     }
     return (int)kq;
   }
 
+  const int64_t row_tiles = (a.T + kSelectRows - 1) / kSelectRows;
 #pragma omp parallel if (work > (int64_t{1} << 18))
   {
-    std::vector<float> bound, sorted, qs(hpk * hd);
-    std::vector<uint8_t> bucket;
-    std::vector<int64_t> chosen(hpk);
-#pragma omp for schedule(dynamic, 4)
-    for (int64_t t = 0; t < a.T; ++t) {
-      const int64_t cur = current(t);
-      if (cur < 0) continue;
-      const int64_t nb = cur - lo;
-      start_row(t, cur);
-      // Each query head that must choose scores every candidate and keeps its top Kh, ascending;
-      // the heads of a kv head are scored together (one pass over the blocks' ranges).
+    std::vector<float> bound, cand, qs(kSelectRows * hpk * hd);
+    std::vector<int64_t> chosen(kSelectRows * hpk), nh(kSelectRows);
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t rt = 0; rt < row_tiles; ++rt) {
+      const int64_t t0 = rt * kSelectRows, t1 = std::min(a.T, t0 + kSelectRows);
+      int64_t top = lo;  // the tile's last candidate block + 1
+      for (int64_t t = t0; t < t1; ++t) {
+        const int64_t cur = current(t);
+        if (cur < 0) continue;
+        start_row(t, cur);
+        top = std::max(top, cur);
+      }
+      const int64_t stride = top - lo;
+      if (stride == 0) continue;
+      bound.resize(kSelectRows * hpk * stride);
+      // Per kv head: the query heads of each row that must choose (more candidates than their
+      // budget) are scored together, piece by piece; each keeps its top Kh, ascending.
       for (int64_t kvh = 0; kvh < c.kv_heads; ++kvh) {
-        int64_t nh = 0;
-        for (int64_t h = kvh * hpk; h < (kvh + 1) * hpk; ++h)
-          if (chooses(h, nb)) {
-            std::copy_n(a.q + t * c.q_dim() + h * hd, hd, qs.data() + nh * hd);
-            chosen[nh++] = h;
+        for (int64_t t = t0; t < t1; ++t) {
+          const int64_t i = t - t0, cur = current(t);
+          nh[i] = 0;
+          for (int64_t h = kvh * hpk; h < (kvh + 1) * hpk && cur >= 0; ++h)
+            if (chooses(h, cur - lo)) {
+              std::copy_n(a.q + t * c.q_dim() + h * hd, hd, qs.data() + (i * hpk + nh[i]) * hd);
+              chosen[i * hpk + nh[i]++] = h;
+            }
+        }
+        for (int64_t b0 = lo; b0 < top;) {
+          const int64_t b1 = std::min(top, (b0 / kScoreBlocks + 1) * kScoreBlocks);
+          for (int64_t t = t0; t < t1; ++t) {
+            const int64_t i = t - t0, cur = current(t);
+            if (nh[i] > 0 && cur > b0)
+              block_bounds(qs.data() + i * hpk * hd, nh[i], st, kvh, b0, std::min(b1, cur),
+                           bound.data() + i * hpk * stride + (b0 - lo), stride);
           }
-        if (nh == 0) continue;
-        bound.resize(nh * nb);
-        block_bounds(qs.data(), nh, st, kvh, lo, cur, bound.data(), nb);
-        for (int64_t i = 0; i < nh; ++i)
-          pick_blocks(bound.data() + i * nb, nb, kh[chosen[i]], lo, qg.data() + (t * H + chosen[i]) * kq, sorted,
-                      bucket);
+          b0 = b1;
+        }
+        for (int64_t t = t0; t < t1; ++t)
+          for (int64_t i = t - t0, x = 0; x < nh[i]; ++x) {
+            const int64_t h = chosen[i * hpk + x];
+            block_topk_pick(bound.data() + (i * hpk + x) * stride, current(t) - lo, kh[h], lo,
+                        qg.data() + (t * H + h) * kq, cand);
+          }
       }
     }
   }

@@ -97,6 +97,12 @@ void block_bounds(const float* q, const BlockTopKState& st, int64_t kvh, int64_t
 void block_bounds(const float* q, int64_t nh, const BlockTopKState& st, int64_t kvh, int64_t b0, int64_t b1,
                   float* out, int64_t out_stride);
 
+// The top of one (row, head)'s candidates: lists in slots[1 ..] the Kh blocks lo + x (1 <= Kh < nb)
+// with the largest bounds bd[x], ascending by block (every block above the Kh-th largest bound,
+// and of those equal to it the lowest ones, as block_ranks_before orders them). NaN ranks last:
+// bd is changed, NaN becoming -inf. scratch: the caller's buffer, reused.
+void block_topk_pick(float* bd, int64_t nb, int64_t Kh, int64_t lo, int32_t* slots, std::vector<float>& scratch);
+
 // The blocks of every (row, head) of call a into qg [T, heads, kq]; returns kq = s.k + 1 (or
 // fewer when the call's rows have fewer candidates). Slot 0 holds the block of the row's last far
 // key p - w (its keys up to p - w are far, the rest are in the window, which the kernel shows

@@ -109,18 +109,11 @@ bool reads(const GroupedRouting& r, const int32_t* slots, int32_t g) {
 template <class F>
 void block_keys_outside(const GroupedRouting& r, const GroupedKeyIndex& idx, int64_t b, const int32_t* gs,
                         int64_t rh, int64_t lo_far, int64_t hi_far, F&& f) {
-  static thread_local std::vector<char> mark;
   const int64_t j0 = std::max<int64_t>(b * r.block_size, lo_far);
   const int64_t j1 = std::min<int64_t>((b + 1) * r.block_size, hi_far);
-  if (j0 >= j1) return;
-  mark.assign(j1 - j0, 0);
-  for (int g = 0; g < r.kq; ++g) {
-    if (gs[g] < 0) continue;
-    const auto& m = idx.group(rh, gs[g]);
-    for (auto x = std::lower_bound(m.begin(), m.end(), (int32_t)j0); x != m.end() && *x < j1; ++x) mark[*x - j0] = 1;
-  }
+  const int32_t* kg = idx.groups_of_keys(rh);
   for (int64_t j = j0; j < j1; ++j)
-    if (!mark[j - j0]) f(j);
+    if (!reads(r, gs, kg[j])) f(j);
 }
 
 // The same for every block read by (row t, head h), block by block.
@@ -818,6 +811,7 @@ void GroupedKeyIndex::reset(int64_t G, int64_t RH) {
   route_heads = RH;
   n_keys = 0;
   members.assign(RH * G, {});
+  key_group.assign(RH, {});
 }
 
 void GroupedKeyIndex::build(const GroupedRouting& routing, int64_t n_kv) {
@@ -834,15 +828,18 @@ void GroupedKeyIndex::append(const int32_t* key_group_rows, int64_t n_new) {
     FOCUS_CHECK(key_group_rows[x] >= 0 && key_group_rows[x] < n_groups, "GroupedKeyIndex: group id ",
                 key_group_rows[x], " of key ", n_keys + x % n_new, " (routing head ", x / n_new, ") outside [0, ",
                 n_groups, ")");
-  for (int64_t rh = 0; rh < route_heads; ++rh)
+  for (int64_t rh = 0; rh < route_heads; ++rh) {
     for (int64_t j = 0; j < n_new; ++j)
       members[rh * n_groups + key_group_rows[rh * n_new + j]].push_back((int32_t)(n_keys + j));
+    key_group[rh].insert(key_group[rh].end(), key_group_rows + rh * n_new, key_group_rows + (rh + 1) * n_new);
+  }
   n_keys += n_new;
 }
 
 void GroupedKeyIndex::truncate(int64_t n) {
   FOCUS_CHECK(n >= 0 && n <= n_keys, "GroupedKeyIndex: cannot truncate ", n_keys, " keys to ", n);
   for (auto& m : members) m.resize(std::lower_bound(m.begin(), m.end(), (int32_t)n) - m.begin());
+  for (auto& g : key_group) g.resize(n);
   n_keys = n;
 }
 

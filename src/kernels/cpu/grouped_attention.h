@@ -67,6 +67,7 @@ struct GroupedKeyIndex {
   int64_t n_groups = 0, route_heads = 0;
   int64_t n_keys = 0;                         // positions 0 .. n_keys-1 are indexed
   std::vector<std::vector<int32_t>> members;  // [RH * G]: member positions of (r, g), increasing
+  std::vector<std::vector<int32_t>> key_group;  // [RH] of n_keys: the group of each key under head r
 
   // Indexes keys 0 .. n_kv-1 of `routing` (its n_groups, route_heads and key_group [RH, n_kv]).
   void build(const GroupedRouting& routing, int64_t n_kv);
@@ -83,6 +84,7 @@ struct GroupedKeyIndex {
   // rebuilding it. O(RH * G).
   void grow(int64_t G);
   const std::vector<int32_t>& group(int64_t r, int64_t g) const { return members[r * n_groups + g]; }
+  const int32_t* groups_of_keys(int64_t r) const { return key_group[r].data(); }
 };
 
 // The keys and values of every (routing head, group) copied into one contiguous run, in member

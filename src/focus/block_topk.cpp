@@ -250,7 +250,7 @@ int block_topk_select(const AttentionCall& a, const BlockTopKState& st, const Bl
           for (int64_t i = t - t0, x = 0; x < nh[i]; ++x) {
             const int64_t h = chosen[i * hpk + x];
             block_topk_pick(bound.data() + (i * hpk + x) * stride, current(t) - lo, kh[h], lo,
-                        qg.data() + (t * H + h) * kq, cand);
+                            qg.data() + (t * H + h) * kq, cand);
           }
       }
     }

@@ -94,6 +94,18 @@ std::vector<double> reference_attention(const std::vector<float>& q, const std::
   return o;
 }
 
+// The call of rows pos0 .. pos0+T-1 of q over the keys k (values and output not set).
+AttentionCall rows_call(const ModelConfig& c, const std::vector<float>& q, const std::vector<float>& k, int64_t pos0,
+                        int64_t T) {
+  AttentionCall a;
+  a.cfg = &c;
+  a.pos0 = pos0;
+  a.T = T;
+  a.q = q.data() + pos0 * c.q_dim();
+  a.k = k.data();
+  return a;
+}
+
 std::string error_of(const ModelConfig& c, const std::string& spec) {
   return focus::test::error_of([&] { make_attention_plan(c, spec); });
 }
@@ -148,12 +160,7 @@ TEST(BlockTopK, MatchesBruteForceDefinition) {
       std::unique_ptr<AttentionState> state;
       std::vector<float> out(n * c.q_dim(), 0.f);
       for (auto [pos0, T] : calls) {
-        AttentionCall a;
-        a.cfg = &c;
-        a.pos0 = pos0;
-        a.T = T;
-        a.q = q.data() + pos0 * c.q_dim();
-        a.k = k.data();
+        AttentionCall a = rows_call(c, q, k, pos0, T);
         a.v = v.data();
         a.out = out.data() + pos0 * c.q_dim();
         policy->attend(a, state, nullptr);
@@ -278,12 +285,7 @@ TEST(BlockTopK, SelectsExactlyOnExtremeBounds) {
       }
     BlockTopKState st(B, c.kv_heads, hd);
     st.append(k.data(), c.kv_dim(), n);
-    AttentionCall a;
-    a.cfg = &c;
-    a.pos0 = 0;
-    a.T = n;
-    a.q = q.data();
-    a.k = k.data();
+    const AttentionCall a = rows_call(c, q, k, 0, n);
     std::vector<int32_t> qg;
     const int kq = block_topk_select(a, st, s, qg);
     int64_t checked = 0, nans = 0;
@@ -379,12 +381,7 @@ TEST(BlockTopK, FewRowsChooseAsOneCall) {
     BlockTopKState st(s.block, c.kv_heads, hd);
     st.append(k.data(), c.kv_dim(), n);
     auto lists = [&](int64_t pos0, int64_t T) {  // the used slots of every (row, head)
-      AttentionCall a;
-      a.cfg = &c;
-      a.pos0 = pos0;
-      a.T = T;
-      a.q = q.data() + pos0 * c.q_dim();
-      a.k = k.data();
+      const AttentionCall a = rows_call(c, q, k, pos0, T);
       std::vector<int32_t> qg;
       const int kq = block_topk_select(a, st, s, qg);
       std::vector<std::vector<int32_t>> out(T * c.heads);

@@ -164,11 +164,15 @@ int block_topk_select(const AttentionCall& a, const BlockTopKState& st, const Bl
     // (row, kv head, piece) a task that scores the piece for all the kv head's query heads (a
     // block's bound is its own chain, so the cut does not change its bits); then each
     // (row, head) that chooses picks from its row of bounds.
-    std::vector<float> bound(a.T * H * max_cand);
+    // The calling thread's buffers, kept across calls (a decoding step allocates nothing): every
+    // bound a pick reads is written first.
     struct Piece {
       int64_t t, kvh, b0, b1;
     };
-    std::vector<Piece> pieces;
+    static thread_local std::vector<float> bound;
+    static thread_local std::vector<Piece> pieces;
+    bound.resize(a.T * H * max_cand);
+    pieces.clear();
     for (int64_t t = 0; t < a.T; ++t) {
       const int64_t cur = current(t);
       if (cur < 0) continue;
@@ -186,21 +190,24 @@ int block_topk_select(const AttentionCall& a, const BlockTopKState& st, const Bl
       }
     }
     if (pieces.empty()) return (int)kq;
+    float* bd = bound.data();
+    const Piece* pc = pieces.data();
+    const int64_t n_pieces = (int64_t)pieces.size();
 #pragma omp parallel if (work > (int64_t{1} << 18))
     {
-      std::vector<float> cand;
+      static thread_local std::vector<float> cand;
 #pragma omp for schedule(dynamic, 1)
-      for (int64_t i = 0; i < (int64_t)pieces.size(); ++i) {
-        const Piece& u = pieces[i];
+      for (int64_t i = 0; i < n_pieces; ++i) {
+        const Piece& u = pc[i];
         const int64_t h0 = u.kvh * hpk;
         block_bounds(a.q + u.t * c.q_dim() + h0 * hd, hpk, st, u.kvh, u.b0, u.b1,
-                     bound.data() + (u.t * H + h0) * max_cand + (u.b0 - lo), max_cand);
+                     bd + (u.t * H + h0) * max_cand + (u.b0 - lo), max_cand);
       }
 #pragma omp for schedule(dynamic, 1)
       for (int64_t i = 0; i < a.T * H; ++i) {
         const int64_t t = i / H, h = i % H, cur = current(t);
         if (cur < 0 || !chooses(h, cur - lo)) continue;
-        block_topk_pick(bound.data() + i * max_cand, cur - lo, kh[h], lo, qg.data() + i * kq, cand);
+        block_topk_pick(bd + i * max_cand, cur - lo, kh[h], lo, qg.data() + i * kq, cand);
       }
     }
     return (int)kq;

@@ -43,7 +43,7 @@ class BlockTopKAttention final : public AttentionPolicy {
     cpu::AttnShape sh = layer_attn_shape(c, a.layer, a.pos0, a.T);
     sh.local_window = s_.window;
     sh.sinks = s_.sinks;
-    const cpu::GroupedRouting routing{st->index.n_groups, 1, st->key_group.data(), kq, qg.data()};
+    const cpu::GroupedRouting routing{st->index.n_groups, 1, st->index.groups_of_keys(0), kq, qg.data()};
     if (a.pos0 == 0 && a.T * c.heads > cpu::kFewPairs) {
       // A prefill from the start: the rows' blocks in tiles of neighbouring rows.
       cpu::block_list_attention(a.q, a.k, a.v, a.out, nullptr, sh, s_.block, qg.data(), kq);
@@ -277,7 +277,6 @@ void BlockTopKState::append(cpu::KvView k, int64_t kv_stride, int64_t n) {
     index_grows++;
   }
   index.append(kg.data(), n - n0);
-  key_group.insert(key_group.end(), kg.begin(), kg.end());
   // Bounds of the blocks completed by these keys (earlier complete blocks never change).
   const int64_t b0 = n0 / B, b1 = n / B, hd = head_dim;
   const int64_t tiles = (b1 + kBlockTile - 1) / kBlockTile;
@@ -307,7 +306,6 @@ void BlockTopKState::append(cpu::KvView k, int64_t kv_stride, int64_t n) {
 
 void BlockTopKState::truncate(int64_t n) {
   if (n >= len()) return;
-  key_group.resize(n);
   index.truncate(n);
   // A block cut short is no longer complete: its bounds go, to be made again from its new keys
   // (append writes every lane of a block it completes).

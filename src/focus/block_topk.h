@@ -67,14 +67,13 @@ struct BlockTopKState final : AttentionState {
     index.reset(1, 1);
   }
   int64_t block = 0, kv_heads = 0, head_dim = 0;
-  std::vector<int32_t> key_group;  // [len] j / block
-  cpu::GroupedKeyIndex index;      // grows with the sequence, never rebuilt
+  cpu::GroupedKeyIndex index;  // key j in group j / block; grows with the sequence, never rebuilt
   // Elementwise minimum and maximum of each complete block's keys, per kv head:
   // [tiles][kv_heads][head_dim][min, max][kBlockTile]; lanes of blocks not complete are unused.
   std::vector<float> range;
   int64_t index_grows = 0;   // how often the index gained groups (once per new block at most)
 
-  int64_t len() const { return (int64_t)key_group.size(); }
+  int64_t len() const { return index.n_keys; }
   int64_t complete_blocks() const { return len() / block; }
   // Where block b's minimum of dimension d of kv head kvh is; its maximum is kBlockTile further.
   int64_t at(int64_t b, int64_t kvh, int64_t d) const {

@@ -197,10 +197,9 @@ class FocusAttention final : public AttentionPolicy {
 };
 
 // The routing of one asymmetric layer's cached keys under each of its RH routers: one group per
-// key, the groups' loads, and the index of their members that the kernel reads.
+// key and the index of their members that the kernel reads (both in index), and the groups' loads.
 struct KeyRoutingState final : AttentionState {
   int64_t route_heads = 1, groups = 0, sinks = 0;
-  std::vector<std::vector<int32_t>> key_group;  // [RH][len]
   std::vector<int64_t> load;                    // [RH, G] keys at or after the sinks in each group
   cpu::GroupedKeyIndex index;
   std::unique_ptr<BlockTopKState> blocks;  // the hybrid pattern's positional blocks, or null
@@ -208,14 +207,14 @@ struct KeyRoutingState final : AttentionState {
   // Decoding: each group's keys and values copied into one run (made at the first decoding step,
   // then kept up to date), so that a step streams its groups instead of gathering them.
   cpu::GroupedKvRuns runs;
-  int64_t len() const { return (int64_t)key_group[0].size(); }
+  int64_t len() const { return index.n_keys; }
   void truncate(int64_t n) override {
     if (blocks) blocks->truncate(n);
     const int64_t old = len();
     if (old <= n) return;
     for (int64_t r = 0; r < route_heads; ++r) {
-      for (int64_t j = std::max(n, sinks); j < old; ++j) load[r * groups + key_group[r][j]]--;
-      key_group[r].resize(n);
+      const int32_t* kg = index.groups_of_keys(r);
+      for (int64_t j = std::max(n, sinks); j < old; ++j) load[r * groups + kg[j]]--;
       if (!far_k.empty()) far_k[r].resize(n);
     }
     index.truncate(n);
@@ -515,7 +514,6 @@ class AsymmetricFocusAttention final : public AttentionPolicy {
       ks->route_heads = RH;
       ks->groups = G;
       ks->sinks = fs_.sinks;
-      ks->key_group.resize(RH);
       ks->load.assign(RH * G, 0);
       ks->index.reset(G, RH);
       if (fs_.blocks > 0) {
@@ -559,7 +557,6 @@ class AsymmetricFocusAttention final : public AttentionPolicy {
                      kept_projection(pr, r, RouterSide::Key), proj_.stride);
       if (fs_.group_bias) std::copy(kc.p.begin(), kc.p.end(), pk.begin() + r * T * G);
       assign_keys(fs_, kc.s.data(), rp_[r].bias.data(), a.pos0, T, ks->load.data() + r * G, kg.data() + r * T);
-      ks->key_group[r].insert(ks->key_group[r].end(), kg.begin() + r * T, kg.begin() + (r + 1) * T);
       if (fs_.far_bias) {
         std::vector<float>& fk = ks->far_k[r];
         fk.resize(a.pos0 + T);
@@ -593,7 +590,7 @@ class AsymmetricFocusAttention final : public AttentionPolicy {
     }
     if (fs_.block_calibration) {
       FOCUS_CHECK(a.k && fs_.topp == 0.f, "block budget calibration: needs float keys and top-k groups");
-      const GroupReads reads{qg.data(), k, &ks->key_group, heads_per};
+      const GroupReads reads{qg.data(), k, &ks->index.key_group, heads_per};
       measure_block_mass_call(a, *fs_.block_calibration, &reads);
       std::unique_ptr<AttentionState> none;
       return dense_attention().attend(a, none, nullptr);
@@ -652,7 +649,7 @@ class AsymmetricFocusAttention final : public AttentionPolicy {
     if (!stats) return;
     if (stats->groups && a.pos0 == 0) {
       if ((int64_t)stats->groups->size() < c.layers) stats->groups->resize(c.layers);
-      (*stats->groups)[a.layer] = ks->key_group[0];
+      (*stats->groups)[a.layer] = ks->index.key_group[0];
     }
     add_causal(stats, a.pos0, T, (double)cpu::grouped_pair_count(s, routing, ks->index) / (double)c.heads);
     if (a.pos0 == 0) {

@@ -94,20 +94,36 @@ void block_topk_pick(float* bd, int64_t nb, int64_t Kh, int64_t lo, int32_t* slo
   cand.resize(nb);
   int64_t m = 0;
   for (;;) {
+    if (pivot == ninf) {  // every bound
+      std::copy_n(bd, nb, cand.data());
+      m = nb;
+      break;
+    }
+    // The few bounds at or above the pivot, found a vector at a time.
     m = 0;
-    for (x = 0; x < nb; ++x) {
+    const vf pv = bcast(pivot);
+    for (x = 0; x + kV <= nb; x += kV)
+      for (uint32_t bits = lane_bits(load(bd + x) >= pv); bits; bits &= bits - 1) cand[m++] = bd[x + __builtin_ctz(bits)];
+    for (; x < nb; ++x) {
       cand[m] = bd[x];
       m += bd[x] >= pivot;
     }
     if (m >= Kh) break;
-    pivot = ninf;  // an unlucky sample: every bound is a candidate
+    pivot = ninf;  // an unlucky sample
   }
   std::nth_element(cand.begin(), cand.begin() + (Kh - 1), cand.begin() + m, std::greater<float>());
   const float thr = cand[Kh - 1];
   int64_t above = 0;  // bounds > thr: all are candidates
   for (int64_t i = 0; i < m; ++i) above += cand[i] > thr;
   int64_t ties = Kh - above, listed = 0;
-  for (x = 0; x < nb && listed < Kh; ++x)
+  // The blocks at or above thr in ascending order: those above, and the first `ties` equal to it.
+  const vf tv = bcast(thr);
+  for (x = 0; x + kV <= nb && listed < Kh; x += kV)
+    for (uint32_t bits = lane_bits(load(bd + x) >= tv); bits && listed < Kh; bits &= bits - 1) {
+      const int64_t y = x + __builtin_ctz(bits);
+      if (bd[y] > thr || ties-- > 0) slots[1 + listed++] = (int32_t)(lo + y);
+    }
+  for (; x < nb && listed < Kh; ++x)
     if (bd[x] > thr || (bd[x] == thr && ties-- > 0)) slots[1 + listed++] = (int32_t)(lo + x);
 }
 

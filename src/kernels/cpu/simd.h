@@ -113,6 +113,18 @@ inline vf vfma(vf a, vf b, vf c) {
 #endif
 }
 inline vf vmax(vf a, vf b) { return a > b ? a : b; }
+// Bit j set where lane j of a comparison's mask is true (all ones).
+inline uint32_t lane_bits(vi m) {
+#if defined(__x86_64__) && defined(__FMA__) && defined(__AVX512F__)
+  return (uint32_t)_mm512_cmplt_epi32_mask((__m512i)m, _mm512_setzero_si512());
+#elif defined(__x86_64__) && defined(__FMA__)
+  return (uint32_t)_mm256_movemask_ps((__m256)m);
+#else
+  uint32_t b = 0;
+  for (int j = 0; j < kV; ++j) b |= (uint32_t)(m[j] < 0) << j;
+  return b;
+#endif
+}
 inline vf select(vi mask, vf a, vf b) { return (vf)((mask & (vi)a) | (~mask & (vi)b)); }
 
 namespace detail {

@@ -328,7 +328,7 @@ TEST(BlockTopK, PickMatchesSorting) {
   std::vector<float> scratch;
   int64_t checked = 0;
   for (int kind = 0; kind < 5; ++kind)
-    for (int64_t nb : {2, 7, 100, 257, 600, 2048, 5000})
+    for (int64_t nb : {2, 7, 100, 130, 200, 257, 600, 2048, 5000})
       for (int64_t Kh : {int64_t{1}, int64_t{3}, nb / 10, nb / 2, nb - 1}) {
         if (Kh < 1 || Kh >= nb) continue;
         SCOPED_TRACE("kind " + std::to_string(kind) + " nb " + std::to_string(nb) + " Kh " + std::to_string(Kh));

@@ -70,7 +70,8 @@ class BlockTopKAttention final : public AttentionPolicy {
 
 // thr is found among the bounds at or above a pivot: a sample's value a few ranks below where the
 // Kh-th largest is expected, or -inf (every bound) when fewer than Kh reach it. Three passes over
-// the bounds (NaN vectorised, candidates branch-free, listing).
+// the bounds, a vector at a time (NaN, candidates, listing), and a selection among the candidates
+// only (a selection's compares mispredict: over every bound of a row it costs more than the rest).
 void block_topk_pick(float* bd, int64_t nb, int64_t Kh, int64_t lo, int32_t* slots, std::vector<float>& cand) {
   using namespace cpu::simd;
   const float ninf = -std::numeric_limits<float>::infinity();
@@ -83,7 +84,7 @@ void block_topk_pick(float* bd, int64_t nb, int64_t Kh, int64_t lo, int32_t* slo
     if (std::isnan(bd[x])) bd[x] = ninf;
   constexpr int64_t kSample = 64;
   float pivot = ninf;
-  if (nb > 4 * kSample) {
+  if (nb > 2 * kSample) {
     float smp[kSample];
     for (int64_t i = 0; i < kSample; ++i) smp[i] = bd[i * nb / kSample];
     const int64_t e = (Kh * kSample + nb - 1) / nb;  // the sample rank where the Kh-th largest is expected

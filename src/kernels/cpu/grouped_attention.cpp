@@ -1197,6 +1197,9 @@ int64_t grouped_pair_count(const AttnShape& s, const GroupedRouting& r, const Gr
               idx.n_keys, " keys) does not match the routing (", r.n_groups, ", ", r.route_heads, ", ", s.n_kv, ")");
   const int64_t w = s.local_window, S = s.sinks;
   int64_t total = 0;
+  // Rows are counted in parallel (a prefill's block keys are tens of millions per layer); integer
+  // sums, so the count does not depend on the threads.
+#pragma omp parallel for schedule(dynamic, 64) reduction(+ : total) if (s.n_q * s.heads > kFewPairs)
   for (int64_t t = 0; t < s.n_q; ++t) {
     const int64_t p = s.q_pos0 + t, lo = p - w + 1;  // group keys: S <= j < lo
     total += s.heads * (std::min(p + 1, w) + std::min(S, std::max<int64_t>(0, lo)));

@@ -15,6 +15,9 @@
 #   FOCUS_FUZZ_BUILD  0: use the harnesses already built (two runs side by side on one build)
 #   FOCUS_FUZZ_TIMEOUT  seconds of wall time one input may take before it counts as a hang
 #                     (default 10; raise it for long runs at low priority beside other work)
+#   FOCUS_FUZZ_TMP    folder for the corpora and the files each input is written to (default
+#                     /dev/shm when it is writable with 1 GiB free, else $TMPDIR or /tmp): the harnesses write
+#                     every input to a file before reading it, about three times faster in memory
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 BUILD="$ROOT/build-fuzz"
@@ -69,7 +72,12 @@ fi
 export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
 export ASAN_OPTIONS="${ASAN_OPTIONS:-detect_leaks=1:allocator_may_return_null=0}"
 export UBSAN_OPTIONS="${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}"
-SCRATCH=$(mktemp -d "${TMPDIR:-/tmp}/focus-fuzz-run.XXXXXX")
+if [ -z "${FOCUS_FUZZ_TMP:-}" ] && [ -d /dev/shm ] && [ -w /dev/shm ] &&
+  [ "$(df -Pk /dev/shm 2>/dev/null | awk 'NR == 2 { print $4 }')" -ge 1048576 ] 2>/dev/null; then
+  FOCUS_FUZZ_TMP=/dev/shm  # with at least 1 GiB free (a container's default is 64 MiB)
+fi
+export TMPDIR="${FOCUS_FUZZ_TMP:-${TMPDIR:-/tmp}}"
+SCRATCH=$(mktemp -d "$TMPDIR/focus-fuzz-run.XXXXXX")
 trap 'rm -rf "$SCRATCH"' EXIT
 failed=()
 printf "%-22s %12s %10s %s\n" harness executions exec/s result

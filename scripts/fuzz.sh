@@ -79,6 +79,9 @@ fi
 export TMPDIR="${FOCUS_FUZZ_TMP:-${TMPDIR:-/tmp}}"
 SCRATCH=$(mktemp -d "$TMPDIR/focus-fuzz-run.XXXXXX")
 trap 'rm -rf "$SCRATCH"' EXIT
+# The harnesses' own folders (fuzz_util.h: TMPDIR/focus-fuzz-PID) inside it too, so that a harness
+# that stops on a finding, without its exit handlers, leaves nothing behind in memory.
+export TMPDIR="$SCRATCH"
 failed=()
 printf "%-22s %12s %10s %s\n" harness executions exec/s result
 for h in "${harnesses[@]}"; do

@@ -94,14 +94,8 @@ void block_topk_pick(float* bd, int64_t nb, int64_t Kh, int64_t lo, int32_t* slo
   }
   cand.resize(nb);
   int64_t m = 0;
-  for (;;) {
-    if (pivot == ninf) {  // every bound
-      std::copy_n(bd, nb, cand.data());
-      m = nb;
-      break;
-    }
+  if (pivot != ninf) {
     // The few bounds at or above the pivot, found a vector at a time.
-    m = 0;
     const vf pv = bcast(pivot);
     for (x = 0; x + kV <= nb; x += kV)
       for (uint32_t bits = lane_bits(load(bd + x) >= pv); bits; bits &= bits - 1) cand[m++] = bd[x + __builtin_ctz(bits)];
@@ -109,8 +103,11 @@ void block_topk_pick(float* bd, int64_t nb, int64_t Kh, int64_t lo, int32_t* slo
       cand[m] = bd[x];
       m += bd[x] >= pivot;
     }
-    if (m >= Kh) break;
-    pivot = ninf;  // an unlucky sample
+    if (m < Kh) pivot = ninf;  // an unlucky sample
+  }
+  if (pivot == ninf) {  // every bound
+    std::copy_n(bd, nb, cand.data());
+    m = nb;
   }
   std::nth_element(cand.begin(), cand.begin() + (Kh - 1), cand.begin() + m, std::greater<float>());
   const float thr = cand[Kh - 1];

@@ -101,6 +101,13 @@ for h in "${harnesses[@]}"; do
   execs=$(grep -o 'stat::number_of_executed_units: *[0-9]*' "$log" | grep -o '[0-9]*$' | tail -1 || true)
   rate=$(grep -o 'stat::average_exec_per_sec: *[0-9]*' "$log" | grep -o '[0-9]*$' | tail -1 || true)
   crash=$(grep -o "Test unit written to .*" "$log" | sed 's/Test unit written to //' | tail -1 || true)
+  if [ -z "$crash" ] && grep -q "libFuzzer: run interrupted" "$log"; then
+    # Ctrl-C (SIGINT to the harness): libFuzzer stops cleanly with its own exit code; not a finding,
+    # and the harnesses after it are not started.
+    printf "%-22s %12s %10s %s\n" "$h" "${execs:-?}" "${rate:-?}" "interrupted"
+    echo "[fuzz] interrupted: no finding in the executions above; the remaining harnesses were not run" >&2
+    exit 130
+  fi
   if [ $rc -ne 0 ] || [ -n "$crash" ]; then
     printf "%-22s %12s %10s %s\n" "$h" "${execs:-?}" "${rate:-?}" "FINDING ${crash:-(exit $rc)}"
     cp "$log" "$findings/log.txt"

@@ -365,10 +365,15 @@ TEST(AsymmetricRouting, HybridBlocksDecodeLikePrefillAndAreCausal) {
   const std::vector<int32_t> prefix(ids.begin(), ids.begin() + 41);
   EXPECT_LT(max_abs_diff(hidden_of(*m, prefix, &plan), full, 0, 41 * D), 1e-5);
   // A 16-bit cache: decoding reads the cached elements (block bounds included) as one call over
-  // the same cache does.
+  // the same cache does. The two sum in different orders (one call reads the block keys in tiles
+  // of rows), and a last-bit difference that moves a key or value across a rounding boundary of
+  // the cache becomes a difference of half an f16 step in later layers: so the test is that
+  // decoding lands far closer to the one call over the cache than the cache's rounding moves
+  // anything (decoding that read the unrounded keys would land near the float32 result).
   const auto one16 = test::hidden_decoded(*m, ids, &plan, n, n, cpu::KvType::F16);
-  EXPECT_LT(max_abs_diff(test::hidden_decoded(*m, ids, &plan, 30, 22, cpu::KvType::F16), one16), 1e-5);
-  EXPECT_GT(max_abs_diff(one16, full), 0.0);  // the cache's rounding reached the outputs
+  const double rounding = max_abs_diff(one16, full);
+  EXPECT_GT(rounding, 1e-4);  // the cache's rounding reached the outputs
+  EXPECT_LT(max_abs_diff(test::hidden_decoded(*m, ids, &plan, 30, 22, cpu::KvType::F16), one16), 0.25 * rounding);
 
   FocusRouters all = f;
   all.settings.blocks = 100;

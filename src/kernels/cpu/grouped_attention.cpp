@@ -744,12 +744,16 @@ void gathered_attention(const float* q, const float* k, const float* v, float* o
   }
 }
 
+void block_list_pass(const float* q, const float* k, const float* v, float* o, float* L, const AttnShape& s,
+                     int64_t block, const int32_t* lists, int64_t kq, const GroupedRouting* hy,
+                     const GroupedKeyIndex* idx);
+
 // The hybrid pattern over many rows: the window, sinks and groups in tiles, then the keys of the
-// rows' blocks that are not in their groups, gathered per unit as decoding does, their partial
-// states merged into the tiled result (the two key sets are disjoint, so the union is exact).
+// rows' blocks that are not in their groups, in tiles of neighbouring rows (block_list_pass), their
+// partial states merged into the tiled result (the two key sets are disjoint, so the union is exact).
 void hybrid_attention(const float* q, const float* k, const float* v, float* o, float* lse, const AttnShape& s,
                       const GroupedRouting& r, const GroupedKeyIndex& idx) {
-  const int64_t n = s.n_q, hd = s.head_dim, hpk = s.heads / s.kv_heads, part = hd + 2;
+  const int64_t n = s.n_q;
   GroupedRouting groups = r;
   groups.kb = 0;
   groups.query_blocks = nullptr;
@@ -760,45 +764,7 @@ void hybrid_attention(const float* q, const float* k, const float* v, float* o, 
     L = own.data();
   }
   tiled_attention(q, k, v, o, L, s, groups, idx);
-  // The block keys: one unit per (row, kv head) when its query heads read the same groups (each
-  // key loaded once for them all, hidden from the heads that did not choose its block), else
-  // one per (row, head). With far-pair terms they carry them (the heads of a unit share a routing head);
-  // the tiled pass has already checked them, as it packs every group member up to the last far key.
-#pragma omp parallel
-  {
-    std::vector<int32_t> keys;
-    std::vector<float> sc(hpk * kSlice), parts, bias;
-#pragma omp for schedule(dynamic, 4)
-    for (int64_t x = 0; x < n * s.kv_heads; ++x) {
-      const int64_t t = x / s.kv_heads, kvh = x % s.kv_heads;
-      const bool shared = same_groups(s, r, t, kvh * hpk, hpk);
-      for (int64_t h0 = kvh * hpk; h0 < (kvh + 1) * hpk; h0 += shared ? hpk : 1) {
-        const int64_t nh = shared ? hpk : 1;
-        keys.clear();
-        const int64_t rh = route_of(s, r, h0);
-        add_unit_block_keys(s, r, idx, t, h0, nh, keys, bias, r.far_q ? r.far_k[rh] : nullptr,
-                            r.far_q ? r.far_q[rh][t] : 0.f);
-        if (keys.empty()) continue;
-        const int64_t slices = ((int64_t)keys.size() + kSlice - 1) / kSlice;
-        parts.resize(slices * nh * part);
-        for (int64_t c = 0; c < slices; ++c)
-          heads_slice_partials(q + t * s.q_stride + h0 * hd, nh, k + kvh * hd, v + kvh * hd, s.kv_stride,
-                               keys.data() + c * kSlice, bias.empty() ? nullptr : bias.data() + c * nh * kSlice,
-                               std::min<int64_t>(kSlice, (int64_t)keys.size() - c * kSlice), hd, s.scale, sc.data(),
-                               parts.data() + c * nh * part, part, kSlice);
-        for (int64_t hh = 0; hh < nh; ++hh) {
-          const int64_t h = h0 + hh;
-          float* orow = o + t * s.o_stride + h * hd;
-          const float l0 = L[h * n + t];
-          L[h * n + t] = merge_partials(slices + 1, hd, orow, [&](int64_t c) {
-            if (c == 0) return Partial{l0, 1.f, orow};
-            const float* pr = parts.data() + ((c - 1) * nh + hh) * part;
-            return Partial{pr[0], pr[1], pr + 2};
-          });
-        }
-      }
-    }
-  }
+  block_list_pass(q, k, v, o, L, s, r.block_size, r.query_blocks, r.kb, &r, &idx);
 }
 
 }  // namespace
@@ -1005,67 +971,48 @@ void grouped_attention(const float* q, KvView k, KvView v, float* o, float* lse,
 namespace {
 
 // Copies a run of len consecutive keys of a transposed block (row d at src + d * ld_src) into
-// a key tile's columns (row d at dst + d * kBk). Runs of 4 and 8 (whole blocks of those sizes)
-// move 16 bytes at a time; the loops keep the dimension outside, so the compiler does not turn
-// them into a library call per dimension.
+// a key tile's columns (row d at dst + d * kBk), 16 bytes at a time and the rest one by one. The
+// loops keep the dimension outside, so the compiler does not turn them into a library call per
+// dimension.
 inline void copy_run(float* dst, const float* src, int64_t ld_src, int64_t hd, int64_t len) {
   typedef float v4u __attribute__((vector_size(16), aligned(4)));
   auto move4 = [](float* to, const float* from) { *reinterpret_cast<v4u*>(to) = *reinterpret_cast<const v4u*>(from); };
-  if (len == 4) {
-    for (int64_t d = 0; d < hd; ++d) move4(dst + d * kBk, src + d * ld_src);
-    return;
+  const int64_t l4 = len & ~int64_t{3};
+  for (int64_t d = 0; d < hd; ++d) {
+    float* to = dst + d * kBk;
+    const float* from = src + d * ld_src;
+    for (int64_t c = 0; c < l4; c += 4) move4(to + c, from + c);
+    for (int64_t c = l4; c < len; ++c) to[c] = from[c];
   }
-  if (len == 8) {
-    for (int64_t d = 0; d < hd; ++d) {
-      move4(dst + d * kBk, src + d * ld_src);
-      move4(dst + d * kBk + 4, src + d * ld_src + 4);
-    }
-    return;
-  }
-  for (int64_t c = 0; c < len; ++c)
-    for (int64_t d = 0; d < hd; ++d) dst[d * kBk + c] = src[d * ld_src + c];
 }
 
-}  // namespace
-
-void block_list_attention(const float* q, const float* k, const float* v, float* o, float* lse, const AttnShape& s,
-                          int64_t block, const int32_t* lists, int64_t kq) {
-  check_shape(s);
-  FOCUS_CHECK(s.q_pos0 == 0 && s.n_kv == s.n_q, "block list attention: a prefill from position 0 (q_pos0 ",
-              s.q_pos0, ", ", s.n_q, " rows, ", s.n_kv, " keys)");
-  FOCUS_CHECK(block >= 1 && kq >= 1, "block list attention: block ", block, ", ", kq, " slots");
-  const int64_t n = s.n_q, hd = s.head_dim, hdp = padded_dim(hd), H = s.heads, hpk = H / s.kv_heads;
-  const int64_t w = s.local_window, S = s.sinks, nb = (n + block - 1) / block;
-  if (n == 0) return;
-  std::vector<float> own;
-  float* L = lse;
-  if (!L) {
-    own.resize(H * n);
-    L = own.data();
-  }
-  focus_window_attention(q, k, v, o, L, s);
-  // Rows before S + w have no far key; a tile of rows is an item of one head.
-  const int64_t first = std::min(n, S + w) / kListRows, tiles = (n + kListRows - 1) / kListRows;
+void block_list_pass(const float* q, const float* k, const float* v, float* o, float* L, const AttnShape& s,
+                     int64_t block, const int32_t* lists, int64_t kq, const GroupedRouting* hy,
+                     const GroupedKeyIndex* idx) {
+  const int64_t n = s.n_q, nk = s.n_kv, p0 = s.q_pos0, hd = s.head_dim, hdp = padded_dim(hd), H = s.heads;
+  const int64_t hpk = H / s.kv_heads, w = s.local_window, S = s.sinks, nb = (nk + block - 1) / block;
+  // Rows before position S + w have no far key; a tile of rows is an item of one head.
+  const int64_t first = std::clamp<int64_t>(S + w - p0, 0, n) / kListRows, tiles = (n + kListRows - 1) / kListRows;
   const int64_t items = H * (tiles - first);
   if (items <= 0) return;
   int32_t bad = -1;  // a block id outside the keys, found while reading the lists (checked after)
   // The keys block by block, each block transposed: [kv_heads][blocks][hd][block], so a run of a
   // block's keys is a few consecutive floats per dimension, and a block is one contiguous piece.
-  // The values likewise as [kv_heads][n][hdp] rows padded with zeros, so a run's values are one
+  // The values likewise as [kv_heads][nk][hdp] rows padded with zeros, so a run's values are one
   // contiguous piece, copied into a value tile at once. (The calling thread's scratch, trimmed
   // with the kernel's other buffers, reached by the team through plain pointers.)
   tl_scratch.list_k.resize(s.kv_heads * nb * hd * block);
-  tl_scratch.list_v.resize(s.kv_heads * n * hdp);
+  tl_scratch.list_v.resize(s.kv_heads * nk * hdp);
   float* const kT = tl_scratch.list_k.data();
   float* const vP = tl_scratch.list_v.data();
 #pragma omp parallel for schedule(static)
   for (int64_t x = 0; x < s.kv_heads * nb; ++x) {
     const int64_t kvh = x / nb, b = x % nb;
     float* dst = kT + x * hd * block;
-    for (int64_t j = b * block; j < std::min(n, (b + 1) * block); ++j) {
+    for (int64_t j = b * block; j < std::min(nk, (b + 1) * block); ++j) {
       const float* kr = k + j * s.kv_stride + kvh * hd;
       for (int64_t d = 0; d < hd; ++d) dst[d * block + j - b * block] = kr[d];
-      float* vr = vP + (kvh * n + j) * hdp;
+      float* vr = vP + (kvh * nk + j) * hdp;
       std::memcpy(vr, v + j * s.kv_stride + kvh * hd, hd * sizeof(float));
       std::fill(vr + hd, vr + hdp, 0.f);
     }
@@ -1090,7 +1037,7 @@ void block_list_attention(const float* q, const float* k, const float* v, float*
 #pragma omp for schedule(dynamic, 1)
     for (int64_t x = 0; x < items; ++x) {
       const int64_t h = x % H, t0 = (first + x / H) * kListRows, t1 = std::min(n, t0 + kListRows);
-      const int64_t kvh = h / hpk, nr = t1 - t0, last = t1 - 1 - w;  // the last far key of the tile
+      const int64_t kvh = h / hpk, nr = t1 - t0, last = p0 + t1 - 1 - w;  // the last far key of the tile
       if (last < S) continue;
       // The union of the rows' blocks, ascending, and each row's choice as bits over it.
       uni.clear();
@@ -1142,6 +1089,10 @@ void block_list_attention(const float* q, const float* k, const float* v, float*
       for (int64_t i = 0; i < nr; ++i) qt.load_row((int)i, q + (t0 + i) * s.q_stride + h * hd, hd, s.scale);
       std::fill(seen.begin(), seen.end(), 0);
       const float* kTh = kT + kvh * nb * hd * block;
+      // The hybrid: the keys' groups and far terms under the head's routing head.
+      const int64_t rh = hy ? route_of(s, *hy, h) : 0;
+      const int32_t* kg = hy ? idx->groups_of_keys(rh) : nullptr;
+      const float* fk = hy && hy->far_q ? hy->far_k[rh] : nullptr;
       for (int64_t kt_i = 0; kt_i < key_tiles; ++kt_i) {
         const Run* r0 = runs.data() + tile_runs[kt_i];
         const Run* r1 = runs.data() + tile_runs[kt_i + 1];
@@ -1149,21 +1100,47 @@ void block_list_attention(const float* q, const float* k, const float* v, float*
         for (const Run* r = r0; r < r1; ++r) {
           const int64_t b = r->j0 / block;
           copy_run(kt.data() + r->c, kTh + b * hd * block + (r->j0 - b * block), block, hd, r->len);
-          std::memcpy(vt.data() + r->c * hdp, vP + (kvh * n + r->j0) * hdp, r->len * hdp * sizeof(float));
+          std::memcpy(vt.data() + r->c * hdp, vP + (kvh * nk + r->j0) * hdp, r->len * hdp * sizeof(float));
         }
         for (int64_t d = 0; d < hdp; ++d)  // padding: zero keys (hidden by the spans) and dimensions
           std::fill(kt.data() + d * kBk + (d < hd ? m : 0), kt.data() + (d + 1) * kBk, 0.f);
         for (int64_t c = m; c < kBk; ++c) std::fill(vt.data() + c * hdp, vt.data() + (c + 1) * hdp, 0.f);
         for (int64_t i = 0; i < nr; ++i) {
-          const int64_t lim = t0 + i - w;
+          const int64_t t = t0 + i, lim = p0 + t - w;
           const uint64_t* bits = sel.data() + i * words;
+          const int32_t* gs = hy ? hy->query_groups + (t * H + h) * hy->kq : nullptr;
+          const float fq = fk ? hy->far_q[rh][t] : 0.f;
           float* br = bias.data() + i * kBk;
           bool any = false;
           for (const Run* r = r0; r < r1; ++r) {
-            // This row sees the run's keys up to lim when it chose the run's block.
+            // This row sees the run's keys up to lim when it chose the run's block (in the hybrid,
+            // those outside its groups).
             const int64_t cut = (bits[r->u / 64] >> (r->u % 64) & 1) ? std::clamp<int64_t>(lim - r->j0 + 1, 0, r->len) : 0;
-            for (int64_t c = 0; c < r->len; ++c) br[r->c + c] = c < cut ? 0.f : kNegInf;
-            any |= cut > 0;
+            float* bc = br + r->c;
+            if (!hy) {
+              for (int64_t c = 0; c < r->len; ++c) bc[c] = c < cut ? 0.f : kNegInf;
+              any |= cut > 0;
+              continue;
+            }
+            // A vector of keys at a time, then one by one (the keys' groups and terms are
+            // consecutive in the index and the term rows).
+            const int32_t* kj = kg + r->j0;
+            const float* fj = fk ? fk + r->j0 : nullptr;
+            int64_t c = 0;
+            for (; c + simd::kV <= cut; c += simd::kV) {
+              const simd::vi g = simd::loadi(kj + c);
+              simd::vi out{};  // lanes whose key is in one of the row's groups
+              for (int x = 0; x < hy->kq; ++x) out |= g == gs[x];
+              const simd::vf b = fj ? simd::bcast(fq) + simd::load(fj + c) : simd::vf{};
+              simd::store(bc + c, simd::select(~out, b, simd::bcast(kNegInf)));
+              any |= simd::lane_bits(~out) != 0;
+            }
+            for (; c < cut; ++c) {
+              const bool vis = !reads(*hy, gs, kj[c]);
+              bc[c] = vis ? (fj ? fq + fj[c] : 0.f) : kNegInf;
+              any |= vis;
+            }
+            for (; c < r->len; ++c) bc[c] = kNegInf;
           }
           spans[i] = RowSpan{};
           if (any) {
@@ -1186,7 +1163,27 @@ void block_list_attention(const float* q, const float* k, const float* v, float*
       }
     }
   }
-  FOCUS_CHECK(bad == -1, "block list attention: block ", bad, " outside the ", nb, " blocks of ", n, " keys");
+  FOCUS_CHECK(bad == -1, "block list attention: block ", bad, " outside the ", nb, " blocks of ", nk, " keys");
+}
+
+}  // namespace
+
+void block_list_attention(const float* q, const float* k, const float* v, float* o, float* lse, const AttnShape& s,
+                          int64_t block, const int32_t* lists, int64_t kq) {
+  check_shape(s);
+  FOCUS_CHECK(s.q_pos0 == 0 && s.n_kv == s.n_q, "block list attention: a prefill from position 0 (q_pos0 ",
+              s.q_pos0, ", ", s.n_q, " rows, ", s.n_kv, " keys)");
+  FOCUS_CHECK(block >= 1 && kq >= 1, "block list attention: block ", block, ", ", kq, " slots");
+  const int64_t n = s.n_q;
+  if (n == 0) return;
+  std::vector<float> own;
+  float* L = lse;
+  if (!L) {
+    own.resize(s.heads * n);
+    L = own.data();
+  }
+  focus_window_attention(q, k, v, o, L, s);
+  block_list_pass(q, k, v, o, L, s, block, lists, kq, nullptr, nullptr);
 }
 
 int64_t grouped_pair_count(const AttnShape& s, const GroupedRouting& r, const GroupedKeyIndex& idx) {

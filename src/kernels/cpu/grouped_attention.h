@@ -118,7 +118,8 @@ void grouped_attention_reference(const float* q, const float* k, const float* v,
 // The fast exact kernel, for any q_pos0 (prefill, chunked prefill, decoding). idx must index at
 // least the n_kv keys under routing.key_group (same G and RH); routing.key_group itself is not
 // read. More than 64 (row, head) pairs run in tiles (with blocks, kb > 0: the tiles without them,
-// then each (row, head)'s block keys outside its groups gathered and merged in): the window and sinks part
+// then the block keys outside each row's groups in tiles of neighbouring rows, as block_list_attention
+// reads its blocks, merged in): the window and sinks part
 // (focus_window_attention for self-attention, q_pos0 == 0 and n_q == n_kv; else each row's short
 // list gathered), then, per kv head, the rows reading each group against that group's keys beyond
 // the window packed into key tiles, one partial state per (row, head, slot), merged into the

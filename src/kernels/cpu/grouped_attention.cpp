@@ -116,16 +116,6 @@ void block_keys_outside(const GroupedRouting& r, const GroupedKeyIndex& idx, int
     if (!reads(r, gs, kg[j])) f(j);
 }
 
-// The same for every block read by (row t, head h), block by block.
-template <class F>
-void block_extra_keys(const AttnShape& s, const GroupedRouting& r, const GroupedKeyIndex& idx, int64_t t, int64_t h,
-                      int64_t lo_far, int64_t hi_far, F&& f) {
-  const int32_t* gs = r.query_groups + (t * s.heads + h) * r.kq;
-  const int32_t* bs = r.query_blocks + (t * s.heads + h) * r.kb;
-  for (int c = 0; c < r.kb; ++c)
-    if (bs[c] >= 0) block_keys_outside(r, idx, bs[c], gs, route_of(s, r, h), lo_far, hi_far, f);
-}
-
 // Whether query heads h0 .. h0+nh-1 of row t read the same groups (one routing head, the same
 // slots), so that one pass over their keys serves them all.
 bool same_groups(const AttnShape& s, const GroupedRouting& r, int64_t t, int64_t h0, int64_t nh) {
@@ -152,8 +142,14 @@ int64_t add_unit_block_keys(const AttnShape& s, const GroupedRouting& r, const G
   const int64_t lo = std::max<int64_t>(0, s.q_pos0 + t - s.local_window + 1);
   if (lo <= s.sinks) return -1;
   FOCUS_CHECK(nh <= 64, "grouped attention: more than 64 query heads share a kv head");
-  static thread_local std::vector<std::pair<int32_t, int32_t>> blocks;  // (block, head in unit), sorted
-  static thread_local std::vector<uint64_t> readers;  // per appended key, the heads that read its block (bit hh)
+  // (block, head in unit), sorted; then the keys each block adds, as runs of the list with the
+  // heads that read them (bit hh).
+  struct Run {
+    int64_t m0, m1;
+    uint64_t heads;
+  };
+  static thread_local std::vector<std::pair<int32_t, int32_t>> blocks;
+  static thread_local std::vector<Run> runs;
   blocks.clear();
   for (int64_t hh = 0; hh < nh; ++hh) {
     const int32_t* bs = r.query_blocks + (t * s.heads + h0 + hh) * r.kb;
@@ -162,24 +158,57 @@ int64_t add_unit_block_keys(const AttnShape& s, const GroupedRouting& r, const G
   }
   if (blocks.empty()) return -1;
   std::sort(blocks.begin(), blocks.end());
-  readers.clear();
+  runs.clear();
   const int32_t* gs = r.query_groups + (t * s.heads + h0) * r.kq;
+  const int32_t* kg = idx.groups_of_keys(route_of(s, r, h0));
   const int64_t base = (int64_t)keys.size();
+  // The blocks' groups and terms are scattered over arrays that a decoding step's weights have
+  // pushed out of the caches since the layer's last step: their lines are requested all at once
+  // first, so that the misses overlap instead of coming one block after another.
+  for (size_t i = 0; i < blocks.size(); ++i) {
+    if (i > 0 && blocks[i].first == blocks[i - 1].first) continue;
+    const int64_t j0 = std::max<int64_t>(blocks[i].first * r.block_size, s.sinks);
+    const int64_t j1 = std::min<int64_t>((blocks[i].first + 1) * r.block_size, lo);
+    for (int64_t j = j0; j < j1; j += 16) {
+      __builtin_prefetch(kg + j);
+      if (far_k) __builtin_prefetch(far_k + j);
+    }
+    if (j1 > j0) {
+      __builtin_prefetch(kg + j1 - 1);
+      if (far_k) __builtin_prefetch(far_k + j1 - 1);
+    }
+  }
   for (size_t i = 0; i < blocks.size();) {
     const int32_t b = blocks[i].first;
     uint64_t heads = 0;
     for (; i < blocks.size() && blocks[i].first == b; ++i) heads |= uint64_t{1} << blocks[i].second;
-    block_keys_outside(r, idx, b, gs, route_of(s, r, h0), s.sinks, lo, [&](int64_t j) {
-      keys.push_back((int32_t)j);
-      readers.push_back(heads);
-    });
+    // The block's keys beyond the sinks and before the window, less those of the unit's groups:
+    // a vector of keys' groups at a time, the keys listed from the lanes left.
+    const int64_t j0 = std::max<int64_t>(b * r.block_size, s.sinks);
+    const int64_t j1 = std::min<int64_t>((b + 1) * r.block_size, lo);
+    if (j1 <= j0) continue;
+    const int64_t m0 = (int64_t)keys.size();
+    keys.resize(m0 + j1 - j0);
+    int32_t* out = keys.data() + m0;
+    int64_t c = 0, j = j0;
+    for (; j + simd::kV <= j1; j += simd::kV) {
+      const simd::vi g = simd::loadi(kg + j);
+      simd::vi in{};
+      for (int x = 0; x < r.kq; ++x) in |= g == gs[x];
+      for (uint32_t bits = simd::lane_bits(~in); bits; bits &= bits - 1) out[c++] = (int32_t)(j + __builtin_ctz(bits));
+    }
+    for (; j < j1; ++j)
+      if (!reads(r, gs, kg[j])) out[c++] = (int32_t)j;
+    keys.resize(m0 + c);
+    if (c > 0) runs.push_back({m0, m0 + c, heads});
   }
   const int64_t n_keys = (int64_t)keys.size();
   if (n_keys == base) return -1;
   const uint64_t all = nh == 64 ? ~uint64_t{0} : (uint64_t{1} << nh) - 1;
-  if (!far_k && std::all_of(readers.begin(), readers.end(), [&](uint64_t x) { return x == all; })) return -1;
+  if (!far_k && std::all_of(runs.begin(), runs.end(), [&](const Run& x) { return x.heads == all; })) return -1;
   const int64_t slices = (n_keys + kSlice - 1) / kSlice;
-  bias.assign(slices * nh * kSlice, -std::numeric_limits<float>::infinity());
+  // Every entry a slice's partial reads ([0, len) of each head's row) is written below.
+  bias.resize(slices * nh * kSlice);
   auto at = [&](int64_t m, int64_t hh) -> float& { return bias[((m / kSlice) * nh + hh) * kSlice + m % kSlice]; };
   int64_t bad = -1;
   auto term = [&](int64_t m) {
@@ -189,14 +218,14 @@ int64_t add_unit_block_keys(const AttnShape& s, const GroupedRouting& r, const G
     return far_eq + e;
   };
   for (int64_t m = 0; m < base; ++m) {
-    const float b = m >= g0 && m < g1 ? term(m) : 0.f;
-    for (int64_t hh = 0; hh < nh; ++hh) at(m, hh) = b;
+    const float x = m >= g0 && m < g1 ? term(m) : 0.f;
+    for (int64_t hh = 0; hh < nh; ++hh) at(m, hh) = x;
   }
-  for (int64_t m = base; m < n_keys; ++m) {
-    const float b = term(m);
-    for (int64_t hh = 0; hh < nh; ++hh)
-      if (readers[(size_t)(m - base)] >> hh & 1) at(m, hh) = b;
-  }
+  for (const Run& u : runs)
+    for (int64_t m = u.m0; m < u.m1; ++m) {
+      const float x = term(m);
+      for (int64_t hh = 0; hh < nh; ++hh) at(m, hh) = (u.heads >> hh & 1) ? x : kNegInf;
+    }
   return bad;
 }
 
@@ -480,9 +509,10 @@ void tiled_attention(const float* q, const float* k, const float* v, float* o, f
 // rows to fill a query tile.
 
 // The keys of (row t, head h): the sinks, the members of its groups beyond the window (keys
-// [*g0, *g1), when g0 is given), then the window.
+// [*g0, *g1), when g0 is given), then the window (unless window is false).
 void row_keys(const AttnShape& s, const GroupedRouting& r, const GroupedKeyIndex& idx, int64_t t, int64_t h,
-              bool with_groups, std::vector<int32_t>& keys, int64_t* g0 = nullptr, int64_t* g1 = nullptr) {
+              bool with_groups, std::vector<int32_t>& keys, int64_t* g0 = nullptr, int64_t* g1 = nullptr,
+              bool window = true) {
   keys.clear();
   const int64_t p = s.q_pos0 + t, lo = std::max<int64_t>(0, p - s.local_window + 1);
   for (int64_t j = 0; j < std::min(s.sinks, lo); ++j) keys.push_back((int32_t)j);
@@ -497,7 +527,8 @@ void row_keys(const AttnShape& s, const GroupedRouting& r, const GroupedKeyIndex
     }
   }
   if (g1) *g1 = (int64_t)keys.size();
-  for (int64_t j = lo; j <= p; ++j) keys.push_back((int32_t)j);
+  if (window)
+    for (int64_t j = lo; j <= p; ++j) keys.push_back((int32_t)j);
 }
 
 // The partial state of query row qr (kv head kvh) over keys[0 .. len) into part (head_dim + 2).
@@ -555,11 +586,13 @@ const int32_t* consecutive_rows() {
 // router per layer or per kv head) form one unit, computed together so that each key and value
 // row is loaded once for them; otherwise each (row, head) is its own unit. With blocks, a unit's
 // keys are its groups' plus the union of its heads' block keys, each hidden (a bias of -inf) from
-// the heads that do not read it. With runs of the groups' keys (r.runs), a unit reads its sinks
-// and window from the cache and its groups' members beyond the window from their runs. With
-// far-pair terms, the group and block keys carry them as a bias (the heads of a unit share one routing
-// head, so one term). A unit's keys are cut into slices of at most kSlice keys; every (unit, slice) is a
-// task, so one long row fills the threads; the slices are merged in order per head.
+// the heads that do not read it. A unit reads its window as consecutive rows of the cache, in
+// place; with runs of the groups' keys (r.runs), its groups' members beyond the window from their
+// runs; the rest (sinks, groups without runs, blocks) through a list of positions. With far-pair
+// terms, the group and block keys carry them as a bias (the heads of a unit share one routing
+// head, so one term). A unit's list, window and runs are cut into slices of at most kSlice keys;
+// every (unit, slice) is a task, so one long row fills the threads; the slices are merged in
+// order per head.
 template <class E>
 void gathered_decode(const float* q, const E* k, const E* v, float* o, float* lse, const AttnShape& s,
                      const GroupedRouting& r, const GroupedKeyIndex& idx, bool with_groups) {
@@ -622,7 +655,7 @@ void gathered_decode(const float* q, const E* k, const E* v, float* o, float* ls
     Unit& un = units[u];
     const int64_t kvh = un.h0 / hpk, rh = route_of(s, r, un.h0);
     int64_t g0 = 0, g1 = 0;
-    row_keys(s, r, idx, un.t, un.h0, with_groups && !runs, keys[u], &g0, &g1);
+    row_keys(s, r, idx, un.t, un.h0, with_groups && !runs, keys[u], &g0, &g1, /*window=*/false);
     bias[u].clear();
     if (with_groups && r.far_q) {
       un.far_rh = rh;
@@ -643,7 +676,14 @@ void gathered_decode(const float* q, const E* k, const E* v, float* o, float* ls
                        n_parts});
       n_parts += un.nh * part;
     }
-    const int64_t lo = std::max<int64_t>(0, s.q_pos0 + un.t - s.local_window + 1);
+    // The window: consecutive rows of the cache, read in place (no list, no bias).
+    const int64_t p = s.q_pos0 + un.t, lo = std::max<int64_t>(0, p - s.local_window + 1);
+    for (int64_t j0 = lo; j0 <= p; j0 += kSlice) {
+      const int64_t len = std::min<int64_t>(kSlice, p + 1 - j0);
+      tasks.push_back({u, k + j0 * s.kv_stride + kvh * hd, v + j0 * s.kv_stride + kvh * hd, s.kv_stride,
+                       consecutive_rows(), len, nullptr, 0, 0, nullptr, n_parts});
+      n_parts += un.nh * part;
+    }
     if (!runs || lo <= s.sinks) {
       first[u + 1] = (int64_t)tasks.size();
       continue;
@@ -685,7 +725,11 @@ void gathered_decode(const float* q, const E* k, const E* v, float* o, float* ls
       const float* b = tk.bias;
       if (un.far_rh >= 0 && tk.f1 > tk.f0 && !tk.bias) {  // (a block keys' bias holds the terms)
         const float* ek = r.far_k[un.far_rh];
+        // The terms of a group's members are scattered over the sequence: requested ahead.
+        constexpr int64_t kAhead = 16;
+        for (int64_t m = tk.f0; m < std::min(tk.f1, tk.f0 + kAhead); ++m) __builtin_prefetch(ek + tk.pos[m]);
         for (int64_t m = 0; m < tk.len; ++m) {
+          if (m + kAhead >= tk.f0 && m + kAhead < tk.f1) __builtin_prefetch(ek + tk.pos[m + kAhead]);
           const bool far = m >= tk.f0 && m < tk.f1;
           const float e = far ? ek[tk.pos[m]] : 0.f;
           if (!std::isfinite(e)) bad_far.store(tk.u * (int64_t{1} << 32) + tk.pos[m]);
@@ -1186,6 +1230,34 @@ void block_list_attention(const float* q, const float* k, const float* v, float*
   block_list_pass(q, k, v, o, L, s, block, lists, kq, nullptr, nullptr);
 }
 
+namespace {
+
+// How many keys of the blocks read by (row t, head h) in [lo_far, hi_far) are outside its groups,
+// a vector of the keys' groups at a time.
+int64_t count_block_extra_keys(const AttnShape& s, const GroupedRouting& r, const GroupedKeyIndex& idx, int64_t t,
+                               int64_t h, int64_t lo_far, int64_t hi_far) {
+  const int32_t* gs = r.query_groups + (t * s.heads + h) * r.kq;
+  const int32_t* bs = r.query_blocks + (t * s.heads + h) * r.kb;
+  const int32_t* kg = idx.groups_of_keys(route_of(s, r, h));
+  int64_t n = 0;
+  for (int c = 0; c < r.kb; ++c) {
+    if (bs[c] < 0) continue;
+    const int64_t j0 = std::max<int64_t>(bs[c] * r.block_size, lo_far);
+    const int64_t j1 = std::min<int64_t>((bs[c] + 1) * r.block_size, hi_far);
+    int64_t j = j0;
+    for (; j + simd::kV <= j1; j += simd::kV) {
+      const simd::vi g = simd::loadi(kg + j);
+      simd::vi in{};
+      for (int x = 0; x < r.kq; ++x) in |= g == gs[x];
+      n += simd::kV - __builtin_popcount(simd::lane_bits(in));
+    }
+    for (; j < j1; ++j) n += !reads(r, gs, kg[j]);
+  }
+  return n;
+}
+
+}  // namespace
+
 int64_t grouped_pair_count(const AttnShape& s, const GroupedRouting& r, const GroupedKeyIndex& idx) {
   check_shape(s);
   check_routing(s, r);
@@ -1209,7 +1281,7 @@ int64_t grouped_pair_count(const AttnShape& s, const GroupedRouting& r, const Gr
         const auto a = std::lower_bound(m.begin(), m.end(), (int32_t)S);
         total += std::lower_bound(a, m.end(), (int32_t)lo) - a;
       }
-      if (r.kb > 0) block_extra_keys(s, r, idx, t, h, S, lo, [&](int64_t) { total++; });
+      if (r.kb > 0) total += count_block_extra_keys(s, r, idx, t, h, S, lo);
     }
   }
   return total;

@@ -104,16 +104,18 @@ bool reads(const GroupedRouting& r, const int32_t* slots, int32_t g) {
   return false;
 }
 
-// The keys of block b in [lo_far, hi_far) that are not members of the groups gs (kq slots) under
-// routing head rh (those are listed already), passed to f in increasing position.
-template <class F>
-void block_keys_outside(const GroupedRouting& r, const GroupedKeyIndex& idx, int64_t b, const int32_t* gs,
-                        int64_t rh, int64_t lo_far, int64_t hi_far, F&& f) {
-  const int64_t j0 = std::max<int64_t>(b * r.block_size, lo_far);
-  const int64_t j1 = std::min<int64_t>((b + 1) * r.block_size, hi_far);
-  const int32_t* kg = idx.groups_of_keys(rh);
-  for (int64_t j = j0; j < j1; ++j)
-    if (!reads(r, gs, kg[j])) f(j);
+// The lanes of simd::kV consecutive keys (their groups g, loaded from the index) whose group is
+// one of gs[0 .. kq): the keys a row reads through its groups, not through its blocks.
+inline simd::vi in_groups(simd::vi g, const int32_t* gs, int kq) {
+  simd::vi in{};
+  for (int x = 0; x < kq; ++x) in |= g == gs[x];
+  return in;
+}
+
+// The keys of block b beyond the sinks and before lo (the row's window), [j0, j1) (empty when
+// j1 <= j0).
+inline std::pair<int64_t, int64_t> block_far_keys(const AttnShape& s, const GroupedRouting& r, int64_t b, int64_t lo) {
+  return {std::max<int64_t>(b * r.block_size, s.sinks), std::min<int64_t>((b + 1) * r.block_size, lo)};
 }
 
 // Whether query heads h0 .. h0+nh-1 of row t read the same groups (one routing head, the same
@@ -167,8 +169,7 @@ int64_t add_unit_block_keys(const AttnShape& s, const GroupedRouting& r, const G
   // first, so that the misses overlap instead of coming one block after another.
   for (size_t i = 0; i < blocks.size(); ++i) {
     if (i > 0 && blocks[i].first == blocks[i - 1].first) continue;
-    const int64_t j0 = std::max<int64_t>(blocks[i].first * r.block_size, s.sinks);
-    const int64_t j1 = std::min<int64_t>((blocks[i].first + 1) * r.block_size, lo);
+    const auto [j0, j1] = block_far_keys(s, r, blocks[i].first, lo);
     for (int64_t j = j0; j < j1; j += 16) {
       __builtin_prefetch(kg + j);
       if (far_k) __builtin_prefetch(far_k + j);
@@ -184,19 +185,15 @@ int64_t add_unit_block_keys(const AttnShape& s, const GroupedRouting& r, const G
     for (; i < blocks.size() && blocks[i].first == b; ++i) heads |= uint64_t{1} << blocks[i].second;
     // The block's keys beyond the sinks and before the window, less those of the unit's groups:
     // a vector of keys' groups at a time, the keys listed from the lanes left.
-    const int64_t j0 = std::max<int64_t>(b * r.block_size, s.sinks);
-    const int64_t j1 = std::min<int64_t>((b + 1) * r.block_size, lo);
+    const auto [j0, j1] = block_far_keys(s, r, b, lo);
     if (j1 <= j0) continue;
     const int64_t m0 = (int64_t)keys.size();
     keys.resize(m0 + j1 - j0);
     int32_t* out = keys.data() + m0;
     int64_t c = 0, j = j0;
-    for (; j + simd::kV <= j1; j += simd::kV) {
-      const simd::vi g = simd::loadi(kg + j);
-      simd::vi in{};
-      for (int x = 0; x < r.kq; ++x) in |= g == gs[x];
-      for (uint32_t bits = simd::lane_bits(~in); bits; bits &= bits - 1) out[c++] = (int32_t)(j + __builtin_ctz(bits));
-    }
+    for (; j + simd::kV <= j1; j += simd::kV)
+      for (uint32_t bits = simd::lane_bits(~in_groups(simd::loadi(kg + j), gs, r.kq)); bits; bits &= bits - 1)
+        out[c++] = (int32_t)(j + __builtin_ctz(bits));
     for (; j < j1; ++j)
       if (!reads(r, gs, kg[j])) out[c++] = (int32_t)j;
     keys.resize(m0 + c);
@@ -1039,20 +1036,31 @@ void block_list_pass(const float* q, const float* k, const float* v, float* o, f
   const int64_t first = std::clamp<int64_t>(S + w - p0, 0, n) / kListRows, tiles = (n + kListRows - 1) / kListRows;
   const int64_t items = H * (tiles - first);
   if (items <= 0) return;
-  int32_t bad = -1;  // a block id outside the keys, found while reading the lists (checked after)
-  // The keys block by block, each block transposed: [kv_heads][blocks][hd][block], so a run of a
+  // The blocks the rows with far keys list, each id checked before anything is read.
+  std::vector<char> used_mark(nb, 0);
+  for (int64_t x = first * kListRows * H * kq; x < n * H * kq; ++x) {
+    const int32_t b = lists[x];
+    FOCUS_CHECK(b >= -1 && b < nb, "block list attention: block ", b, " outside the ", nb, " blocks of ", nk, " keys");
+    if (b >= 0) used_mark[b] = 1;
+  }
+  std::vector<int32_t> used;
+  for (int64_t b = 0; b < nb; ++b)
+    if (used_mark[b]) used.push_back((int32_t)b);
+  const int64_t nu = (int64_t)used.size();
+  // The keys of those blocks, each block transposed: [kv_heads][blocks][hd][block], so a run of a
   // block's keys is a few consecutive floats per dimension, and a block is one contiguous piece.
-  // The values likewise as [kv_heads][nk][hdp] rows padded with zeros, so a run's values are one
-  // contiguous piece, copied into a value tile at once. (The calling thread's scratch, trimmed
-  // with the kernel's other buffers, reached by the team through plain pointers.)
+  // Their values likewise as [kv_heads][nk][hdp] rows padded with zeros, so a run's values are one
+  // contiguous piece, copied into a value tile at once. Blocks no row lists are left unwritten (a
+  // few rows over a long cache copy what they read, not the cache). (The calling thread's scratch,
+  // trimmed with the kernel's other buffers, reached by the team through plain pointers.)
   tl_scratch.list_k.resize(s.kv_heads * nb * hd * block);
   tl_scratch.list_v.resize(s.kv_heads * nk * hdp);
   float* const kT = tl_scratch.list_k.data();
   float* const vP = tl_scratch.list_v.data();
 #pragma omp parallel for schedule(static)
-  for (int64_t x = 0; x < s.kv_heads * nb; ++x) {
-    const int64_t kvh = x / nb, b = x % nb;
-    float* dst = kT + x * hd * block;
+  for (int64_t x = 0; x < s.kv_heads * nu; ++x) {
+    const int64_t kvh = x / nu, b = used[x % nu];
+    float* dst = kT + (kvh * nb + b) * hd * block;
     for (int64_t j = b * block; j < std::min(nk, (b + 1) * block); ++j) {
       const float* kr = k + j * s.kv_stride + kvh * hd;
       for (int64_t d = 0; d < hd; ++d) dst[d * block + j - b * block] = kr[d];
@@ -1088,11 +1096,6 @@ void block_list_pass(const float* q, const float* k, const float* v, float* o, f
       for (int64_t t = t0; t < t1; ++t)
         for (int64_t c = 0; c < kq; ++c) {
           const int32_t b = lists[(t * H + h) * kq + c];
-          if (b < -1 || b >= nb) {
-#pragma omp atomic write
-            bad = b;
-            continue;
-          }
           if (b >= 0 && stamp[b] != x) {
             stamp[b] = x;
             uni.push_back(b);
@@ -1106,7 +1109,7 @@ void block_list_pass(const float* q, const float* k, const float* v, float* o, f
       for (int64_t t = t0; t < t1; ++t)
         for (int64_t c = 0; c < kq; ++c) {
           const int32_t b = lists[(t * H + h) * kq + c];
-          if (b >= 0 && b < nb) sel[(t - t0) * words + uidx[b] / 64] |= uint64_t{1} << (uidx[b] % 64);
+          if (b >= 0) sel[(t - t0) * words + uidx[b] / 64] |= uint64_t{1} << (uidx[b] % 64);
         }
       // Their far keys (positions S .. last), in key tiles of kBk slots.
       runs.clear();
@@ -1172,9 +1175,7 @@ void block_list_pass(const float* q, const float* k, const float* v, float* o, f
             const float* fj = fk ? fk + r->j0 : nullptr;
             int64_t c = 0;
             for (; c + simd::kV <= cut; c += simd::kV) {
-              const simd::vi g = simd::loadi(kj + c);
-              simd::vi out{};  // lanes whose key is in one of the row's groups
-              for (int x = 0; x < hy->kq; ++x) out |= g == gs[x];
+              const simd::vi out = in_groups(simd::loadi(kj + c), gs, hy->kq);
               const simd::vf b = fj ? simd::bcast(fq) + simd::load(fj + c) : simd::vf{};
               simd::store(bc + c, simd::select(~out, b, simd::bcast(kNegInf)));
               any |= simd::lane_bits(~out) != 0;
@@ -1207,7 +1208,6 @@ void block_list_pass(const float* q, const float* k, const float* v, float* o, f
       }
     }
   }
-  FOCUS_CHECK(bad == -1, "block list attention: block ", bad, " outside the ", nb, " blocks of ", nk, " keys");
 }
 
 }  // namespace
@@ -1232,25 +1232,20 @@ void block_list_attention(const float* q, const float* k, const float* v, float*
 
 namespace {
 
-// How many keys of the blocks read by (row t, head h) in [lo_far, hi_far) are outside its groups,
-// a vector of the keys' groups at a time.
+// How many far keys (beyond the sinks, before hi_far) of the blocks read by (row t, head h) are
+// outside its groups, a vector of the keys' groups at a time.
 int64_t count_block_extra_keys(const AttnShape& s, const GroupedRouting& r, const GroupedKeyIndex& idx, int64_t t,
-                               int64_t h, int64_t lo_far, int64_t hi_far) {
+                               int64_t h, int64_t hi_far) {
   const int32_t* gs = r.query_groups + (t * s.heads + h) * r.kq;
   const int32_t* bs = r.query_blocks + (t * s.heads + h) * r.kb;
   const int32_t* kg = idx.groups_of_keys(route_of(s, r, h));
   int64_t n = 0;
   for (int c = 0; c < r.kb; ++c) {
     if (bs[c] < 0) continue;
-    const int64_t j0 = std::max<int64_t>(bs[c] * r.block_size, lo_far);
-    const int64_t j1 = std::min<int64_t>((bs[c] + 1) * r.block_size, hi_far);
+    const auto [j0, j1] = block_far_keys(s, r, bs[c], hi_far);
     int64_t j = j0;
-    for (; j + simd::kV <= j1; j += simd::kV) {
-      const simd::vi g = simd::loadi(kg + j);
-      simd::vi in{};
-      for (int x = 0; x < r.kq; ++x) in |= g == gs[x];
-      n += simd::kV - __builtin_popcount(simd::lane_bits(in));
-    }
+    for (; j + simd::kV <= j1; j += simd::kV)
+      n += simd::kV - __builtin_popcount(simd::lane_bits(in_groups(simd::loadi(kg + j), gs, r.kq)));
     for (; j < j1; ++j) n += !reads(r, gs, kg[j]);
   }
   return n;
@@ -1281,7 +1276,7 @@ int64_t grouped_pair_count(const AttnShape& s, const GroupedRouting& r, const Gr
         const auto a = std::lower_bound(m.begin(), m.end(), (int32_t)S);
         total += std::lower_bound(a, m.end(), (int32_t)lo) - a;
       }
-      if (r.kb > 0) total += count_block_extra_keys(s, r, idx, t, h, S, lo);
+      if (r.kb > 0) total += count_block_extra_keys(s, r, idx, t, h, lo);
     }
   }
   return total;

@@ -92,7 +92,7 @@ TEST(BlockBudget, CurvesMatchTheSelectionTheyDescribe) {
     EXPECT_EQ(two.rows[0], rows);
 
     // The selection block top-k makes with K blocks, on the same keys.
-    const BlockTopKState st = block_state(c, cs.block, k, n);
+    BlockTopKState st = block_state(c, cs.block, k, n);
     AttentionCall all;
     all.cfg = &c;
     all.q = q.data();
@@ -383,7 +383,7 @@ TEST(BlockBudget, CurvesLeaveOutWhatTheGroupsRead) {
   measure_block_mass_call(a, with, &reads);
   measure_block_mass_call(a, without);
   EXPECT_TRUE(without.group_keys.empty());
-  const BlockTopKState st = block_state(c, B, k, n);
+  BlockTopKState st = block_state(c, B, k, n);
   for (int64_t K = 0; K <= KM; ++K) {
     BlockTopKSettings s;
     s.block = B;

@@ -30,14 +30,19 @@ namespace {
 ModelConfig small_config() { return focus::test::one_global_layer_config(); }
 
 // The definition, in double: the blocks row p of head h reads (empty when p - w < S); counts in
-// *choices the rows with more candidate blocks than K.
+// *choices the rows with more candidate blocks than K. With blocks chosen every R rows, the row
+// p0 = p - (p - w) % R chooses among the blocks before its own current block, and row p reads
+// those, its own current block and every block between the two.
 std::vector<int64_t> reference_blocks(const std::vector<float>& q, const std::vector<float>& k, const ModelConfig& c,
                                       const BlockTopKSettings& s, int64_t p, int64_t h, int64_t* choices) {
   const int64_t f = p - s.window, B = s.block, hd = c.head_dim, g = h / (c.heads / c.kv_heads);
   if (f < s.sinks) return {};
-  const int64_t cur = f / B;
+  const int64_t cur = f / B, f0 = f - f % s.select_every, p0 = f0 + s.window;
+  std::vector<int64_t> blocks;
+  for (int64_t b = f0 / B; b <= cur; ++b) blocks.push_back(b);
+  if (f0 < s.sinks) return blocks;  // the tile's first row reads nothing far
   std::vector<std::pair<double, int64_t>> cand;
-  for (int64_t b = 0; b < cur; ++b) {
+  for (int64_t b = 0; b < f0 / B; ++b) {
     if ((b + 1) * B - 1 < s.sinks) continue;  // sink keys only
     double bound = 0;
     for (int64_t d = 0; d < hd; ++d) {
@@ -47,7 +52,7 @@ std::vector<int64_t> reference_blocks(const std::vector<float>& q, const std::ve
         mn = std::min(mn, x);
         mx = std::max(mx, x);
       }
-      const double qd = q[p * c.q_dim() + h * hd + d];
+      const double qd = q[p0 * c.q_dim() + h * hd + d];
       bound += std::max(qd * mn, qd * mx);
     }
     cand.push_back({bound, b});
@@ -56,7 +61,6 @@ std::vector<int64_t> reference_blocks(const std::vector<float>& q, const std::ve
             [](const auto& x, const auto& y) { return x.first > y.first || (x.first == y.first && x.second < y.second); });
   const int64_t K = s.k_of(h);
   if ((int64_t)cand.size() > K) ++*choices;
-  std::vector<int64_t> blocks{cur};
   for (int64_t i = 0; i < std::min<int64_t>(K, (int64_t)cand.size()); ++i) blocks.push_back(cand[i].second);
   return blocks;
 }
@@ -120,8 +124,10 @@ TEST(BlockTopK, MatchesBruteForceDefinition) {
   auto q = random_normal(n * c.q_dim(), 1, 1.f);
   auto k = random_normal(n * c.kv_dim(), 2, 1.f);
   const auto v = random_normal(n * c.kv_dim(), 3, 1.f);
-  auto settings = [](int64_t block, int64_t k, int64_t window, int64_t sinks, std::vector<int64_t> head_k = {}) {
+  auto settings = [](int64_t block, int64_t k, int64_t window, int64_t sinks, std::vector<int64_t> head_k = {},
+                     int64_t every = 1) {
     BlockTopKSettings s;
+    s.select_every = every;
     s.block = block;
     s.k = head_k.empty() ? k : *std::max_element(head_k.begin(), head_k.end());
     s.window = window;
@@ -129,12 +135,16 @@ TEST(BlockTopK, MatchesBruteForceDefinition) {
     s.head_k = head_k;
     return s;
   };
-  // The last three: each head its own K (per-head budgets), one head reading no chosen block.
+  // Then three where each head has its own K (per-head budgets), one head reading no chosen block;
+  // the rest choose once every R rows: R dividing B, equal to it, a multiple of it, neither, with
+  // sinks spanning blocks, and with per-head budgets.
   const std::vector<BlockTopKSettings> cases = {
       settings(4, 2, 5, 1),           settings(8, 1, 3, 0),           settings(5, 3, 10, 7),
       settings(1, 4, 2, 2),           settings(16, 0, 4, 1),          settings(3, 100, 6, 1),
       settings(7, 2, 1, 20),          settings(4, 0, 5, 1, {0, 3, 1, 2}), settings(1, 0, 2, 2, {5, 0, 0, 9}),
-      settings(3, 0, 6, 1, {100, 2, 0, 1})};
+      settings(3, 0, 6, 1, {100, 2, 0, 1}),
+      settings(4, 2, 5, 1, {}, 2),    settings(4, 2, 8, 1, {}, 4),    settings(2, 3, 5, 1, {}, 8),
+      settings(5, 2, 10, 7, {}, 3),   settings(1, 4, 2, 2, {}, 16),   settings(3, 0, 6, 1, {100, 2, 0, 1}, 5)};
   // Then again with queries and keys rounded to whole numbers: many blocks tie on their bound, and
   // the ties go to the lower block.
   for (int pass = 0; pass < 2; ++pass) {
@@ -146,7 +156,8 @@ TEST(BlockTopK, MatchesBruteForceDefinition) {
     std::string ks;
     for (int64_t x : s.head_k) ks.append(" ").append(std::to_string(x));
     SCOPED_TRACE("block " + std::to_string(s.block) + " k " + std::to_string(s.k) + " window " +
-                 std::to_string(s.window) + " sinks " + std::to_string(s.sinks) + " head k" + ks);
+                 std::to_string(s.window) + " sinks " + std::to_string(s.sinks) + " head k" + ks + " every " +
+                 std::to_string(s.select_every));
     const auto policy = block_topk_attention(s);
     int64_t choices = 0;
     const auto ref = reference_attention(q, k, v, c, s, n, &choices);
@@ -156,6 +167,8 @@ TEST(BlockTopK, MatchesBruteForceDefinition) {
     // In chunks (the block-list tiles from position 0, then the gathered and grouped paths from the
     // cache), and all rows in one call (block-list tiles across several row tiles).
     for (const auto& calls : {std::vector<std::pair<int64_t, int64_t>>{{0, 37}, {37, 1}, {38, n - 38}},
+                              std::vector<std::pair<int64_t, int64_t>>{{0, 13}, {13, 1}, {14, 1}, {15, 3}, {18, 1},
+                                                                       {19, 2}, {21, n - 21}},
                               std::vector<std::pair<int64_t, int64_t>>{{0, n}}}) {
       std::unique_ptr<AttentionState> state;
       std::vector<float> out(n * c.q_dim(), 0.f);
@@ -429,7 +442,10 @@ TEST(BlockTopK, DecodesLikePrefillAndIsCausal) {
   auto m = random_model(Arch::Llama, 22);
   const int64_t n = 60, D = m->cfg.dim, B = 4;
   const std::vector<int32_t> ids = window_of(n, m->cfg.vocab, 10).ids;
-  const AttentionPlan plan = make_attention_plan(m->cfg, "blocktopk:block=4,k=2,window=6,sinks=1");
+  // Each row choosing, then the blocks chosen once every 3 rows (the rollback lands inside a tile).
+  for (const char* spec : {"blocktopk:block=4,k=2,window=6,sinks=1", "blocktopk:block=4,k=2,window=6,sinks=1,every=3"}) {
+  SCOPED_TRACE(spec);
+  const AttentionPlan plan = make_attention_plan(m->cfg, spec);
   AttentionStats st;
   const auto full = hidden_of(*m, ids, &plan, &st);
   EXPECT_LT(st.density(), 0.8);
@@ -462,6 +478,7 @@ TEST(BlockTopK, DecodesLikePrefillAndIsCausal) {
 
   const std::vector<int32_t> prefix(ids.begin(), ids.begin() + 40);
   EXPECT_LT(max_abs_diff(hidden_of(*m, prefix, &plan), full, 0, 40 * D), 1e-5);
+  }
 }
 
 // Growing an index keeps every member list, under each routing head.

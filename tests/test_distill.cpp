@@ -375,6 +375,21 @@ TEST(AsymmetricRouting, HybridBlocksDecodeLikePrefillAndAreCausal) {
   EXPECT_GT(rounding, 1e-4);  // the cache's rounding reached the outputs
   EXPECT_LT(max_abs_diff(test::hidden_decoded(*m, ids, &plan, 30, 22, cpu::KvType::F16), one16), 0.25 * rounding);
 
+  // The blocks chosen once every R rows (3: tiles inside a block, 8: across blocks): another
+  // pattern, which decodes as one call computes it (the rollback lands inside a tile, whose first
+  // row's choice the cache kept) and is causal.
+  for (int64_t R : {3, 8}) {
+    SCOPED_TRACE("blocks chosen every " + std::to_string(R) + " rows");
+    FocusRouters fr = f;
+    fr.settings.block_select_every = R;
+    const AttentionPlan pr = focus_plan(m->cfg, fr);
+    std::vector<float> fullr;
+    EXPECT_LT(density(&fr, nullptr, &fullr), 0.9);
+    EXPECT_GT(max_abs_diff(fullr, full), 1e-4);
+    EXPECT_LT(max_abs_diff(test::hidden_decoded(*m, ids, &pr, 30, 22), fullr), 1e-5);
+    EXPECT_LT(max_abs_diff(hidden_of(*m, prefix, &pr), fullr, 0, 41 * D), 1e-5);
+  }
+
   FocusRouters all = f;
   all.settings.blocks = 100;
   std::vector<float> dense_out;
@@ -382,19 +397,25 @@ TEST(AsymmetricRouting, HybridBlocksDecodeLikePrefillAndAreCausal) {
   EXPECT_LT(max_abs_diff(dense_out, hidden_of(*m, ids, nullptr)), 1e-4);
 
   const std::string dir = (std::filesystem::temp_directory_path() / "focus_test_hybrid_routers").string();
-  save_focus(f, dir, m->cfg, "random");
+  FocusRouters f3 = f;
+  f3.settings.block_select_every = 3;
+  save_focus(f3, dir, m->cfg, "random");
   const FocusRouters g = load_focus(dir, m->cfg);
   EXPECT_EQ(g.settings.blocks, 2);
   EXPECT_EQ(g.settings.block_size, 4);
-  {  // a bad block count in focus.json is refused, naming the file
+  EXPECT_EQ(g.settings.block_select_every, 3);
+  for (const auto& [field, bad_text] : {std::pair<std::string, std::string>{"\"blocks\": 2", "\"blocks\": -3"},
+                                        {"\"block_select_every\": 3", "\"block_select_every\": 0"}}) {
+    // a bad block count (or tile of rows) in focus.json is refused, naming the file
+    save_focus(f3, dir, m->cfg, "random");
     std::string text = read_file(dir + "/focus.json");
-    const size_t at = text.find("\"blocks\": 2");
+    const size_t at = text.find(field);
     ASSERT_NE(at, std::string::npos);
-    text.replace(at, 11, "\"blocks\": -3");
+    text.replace(at, field.size(), bad_text);
     io::write_file_atomic(dir + "/focus.json", text);
     const std::string e = test::error_of([&] { load_focus(dir, m->cfg); });
     EXPECT_NE(e.find("focus.json"), std::string::npos) << e;
-    EXPECT_NE(e.find("blocks"), std::string::npos) << e;
+    EXPECT_NE(e.find(field.substr(1, field.find('"', 1) - 1)), std::string::npos) << e;
   }
   FocusSettings bad = s;
   bad.asymmetric = false;

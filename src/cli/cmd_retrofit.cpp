@@ -52,6 +52,8 @@ int run_retrofit_cmd(const RetrofitFlags& f) {
     o.focus.block_size = b.block;
     o.block_budget = b.k;
   }
+  FOCUS_CHECK(!f.app->count("--block-select-every") || o.focus.blocks > 0 || !o.block_budget.empty(),
+              "--block-select-every applies to the hybrid pattern: give --blocks K or --block-budget too");
   FOCUS_CHECK(!f.app->count("--block-size") || o.focus.blocks > 0, "--block-size applies to the hybrid pattern: give --blocks K too");
   o.balance = parse_balance(f.balance);
   if (o.objective == "distill" && !f.app->count("--balance")) o.balance = Balance::Swav;
@@ -148,6 +150,10 @@ Command add_retrofit(CLI::App& app) {
                   "saved in focus.json")
       ->check(CLI::Range(0, 1 << 20));
   sub->add_option("--block-size", o.focus.block_size, "sparse, the hybrid pattern: keys per block (default 64)")
+      ->check(CLI::Range(1, 1 << 20));
+  sub->add_option("--block-select-every", o.focus.block_select_every,
+                  "sparse, the hybrid pattern: blocks chosen once every this many rows, by each tile's first row "
+                  "(as `focus eval --block-select-every`); saved in focus.json")
       ->check(CLI::Range(1, 1 << 20));
   sub->add_option("--block-budget", f->block_budget,
                   "sparse: the hybrid pattern with each head's own number of blocks, a budget file of `focus budget` "

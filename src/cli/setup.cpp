@@ -32,6 +32,9 @@ void FocusFlags::add(CLI::App* app) {
                   "key and this many more positional blocks, those with the largest bound of q.k (0: groups only; "
                   "replaces a router folder's per-head block budgets)");
   app->add_option("--block-size", block_size, "positional blocks of the hybrid pattern: keys per block (default 64)");
+  app->add_option("--block-select-every", block_select_every,
+                  "the hybrid pattern: blocks chosen once every this many rows, by each tile's first row (its "
+                  "later rows read them and the blocks from there to their own; 1: every row chooses)");
   app->add_option("--block-budget", block_budget,
                   "asymmetric routers, the hybrid pattern with each head's own number of blocks: a budget file of "
                   "`focus budget` (it sets the block size; its window and sinks must be the routers')");
@@ -47,7 +50,8 @@ void FocusFlags::check() const {
   if (dir.empty()) {
     for (const char* f : {"--mode", "--topk", "--window", "--sinks", "--groups", "--dg", "--tau", "--router-seed",
                           "--routing", "--key-capacity", "--window-only-below", "--dense-above",
-                          "--topk-by-mass", "--topp", "--group-bias", "--blocks", "--block-size", "--block-budget"})
+                          "--topk-by-mass", "--topp", "--group-bias", "--blocks", "--block-size", "--block-budget",
+                          "--block-select-every"})
       FOCUS_CHECK(!given(f), f, " needs --focus DIR (or --focus random)");
   } else if (dir != "random") {
     for (const char* f : {"--groups", "--dg", "--tau", "--router-seed", "--routing"})
@@ -120,6 +124,12 @@ std::unique_ptr<FocusRouters> FocusFlags::make(const Model& m) const {
     f->block_budget.clear();
     set_block_budget(*f, m.cfg, b.k, block_budget);
   }
+  if (block_select_every >= 0) {
+    FOCUS_CHECK(block_select_every >= 1, "--block-select-every must be >= 1");
+    FOCUS_CHECK(f->settings.blocks > 0, "--block-select-every applies to the hybrid pattern (routers with blocks, or "
+                "--blocks K)");
+    f->settings.block_select_every = block_select_every;
+  }
   if (group_bias) {
     FOCUS_CHECK(f->settings.asymmetric && f->settings.blocks == 0 && f->settings.topp == 0.f && !f->settings.route_on_qk,
                 "--group-bias needs asymmetric routers reading the hidden state, with top-k groups and no blocks");
@@ -169,7 +179,9 @@ std::string describe_focus(const FocusRouters* f) {
          (s.mode == FocusMode::Hard && s.blocks > 0
               ? (f->block_budget.empty() ? ", blocks 1+" + std::to_string(s.blocks)
                                          : ", blocks 1+" + mean_budget(f->block_budget) + " per head on average") +
-                    " of " + std::to_string(s.block_size)
+                    " of " + std::to_string(s.block_size) +
+                    (s.block_select_every > 1 ? ", chosen every " + std::to_string(s.block_select_every) + " rows"
+                                              : "")
               : "") +
          ", " +
          std::to_string(f->routers.size()) + " routers)";

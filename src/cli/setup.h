@@ -30,7 +30,7 @@ struct FocusFlags {
   float tau = 0.1f;
   float key_capacity = -1.f, window_only_below = -1.f, dense_above = -1.f, topp = -1.f;
   bool topk_by_mass = false, group_bias = false;
-  int64_t blocks = -1, block_size = -1;
+  int64_t blocks = -1, block_size = -1, block_select_every = -1;
   std::string block_budget;  // --block-budget FILE
   uint64_t seed = 1;
   void add(CLI::App* app);

@@ -139,17 +139,88 @@ constexpr int64_t kScoreBlocks = 64;
 
 }  // namespace
 
-int block_topk_select(const AttentionCall& a, const BlockTopKState& st, const BlockTopKSettings& s,
+namespace {
+
+// With s.select_every R > 1, after the tiles' first rows of call a have chosen (their lists in
+// qg, kq slots each): keeps their choices in st, in tile order, and gives every later row its
+// tile's, followed by the blocks from the tile's first far block up to the row's current one.
+// Returns kq.
+int share_tiles(const AttentionCall& a, BlockTopKState& st, const BlockTopKSettings& s, std::vector<int32_t>& qg,
+                int64_t kq) {
+  const int64_t R = s.select_every;
+  if (R == 1) return (int)kq;
+  const int64_t H = a.cfg->heads, B = s.block, w = s.window, lo = s.sinks / B;
+  if (st.chosen_every == 0) {
+    st.chosen_every = R;
+    st.chosen_window = w;
+  }
+  FOCUS_CHECK(st.chosen_every == R && st.chosen_window == w, "block top-k (layer ", a.layer,
+              "): the cache's blocks were chosen every ", st.chosen_every, " rows with window ", st.chosen_window,
+              ", this call chooses every ", R, " with window ", w);
+  for (int64_t t = 0; t < a.T; ++t) {
+    const int64_t f = a.pos0 + t - w;
+    if (f < 0 || f % R != 0) continue;
+    const int64_t i = f / R;
+    FOCUS_CHECK(i <= st.chosen_tiles(), "block top-k (layer ", a.layer, "): tile ", i, " (position ", a.pos0 + t,
+                ") would follow ", st.chosen_tiles(), " kept tiles");
+    if (i < st.chosen_tiles()) continue;  // chosen before, from the same keys
+    // The tile's first row lists its candidates, or its top K of them, in slots 1 .. Ki.
+    const int64_t Ki = f >= s.sinks ? std::min(s.k, std::max<int64_t>(0, f / B - lo)) : 0;
+    for (int64_t h = 0; h < H; ++h) {
+      const int32_t* slots = qg.data() + (t * H + h) * kq;
+      st.chosen.insert(st.chosen.end(), slots + 1, slots + 1 + Ki);
+    }
+    st.chosen_at.push_back((int64_t)st.chosen.size());
+  }
+  for (int64_t t = 0; t < a.T; ++t) {
+    const int64_t f = a.pos0 + t - w;
+    if (f < s.sinks || f % R == 0) continue;
+    const int64_t i = f / R, f0 = f - f % R, cur = f / B, first = std::max(lo, f0 / B);
+    FOCUS_CHECK(i < st.chosen_tiles(), "block top-k (layer ", a.layer, "): the blocks of the tile from position ",
+                f0 + w, " were not kept; fill the cache from position 0 with this policy");
+    const int64_t Ki = (st.chosen_at[i + 1] - st.chosen_at[i]) / H;
+    FOCUS_CHECK(1 + Ki + (cur - first) <= kq, "block top-k: ", 1 + Ki + (cur - first), " blocks for ", kq, " slots");
+    for (int64_t h = 0; h < H; ++h) {
+      int32_t* slots = qg.data() + (t * H + h) * kq;
+      slots[0] = (int32_t)cur;
+      std::copy_n(st.chosen.data() + st.chosen_at[i] + h * Ki, Ki, slots + 1);
+      int64_t x = 1 + Ki;
+      for (int64_t b = first; b < cur; ++b) slots[x++] = (int32_t)b;
+    }
+  }
+  return (int)kq;
+}
+
+}  // namespace
+
+int block_topk_select(const AttentionCall& a, BlockTopKState& st, const BlockTopKSettings& s,
                       std::vector<int32_t>& qg) {
   const ModelConfig& c = *a.cfg;
   const int64_t H = c.heads, hpk = c.heads / c.kv_heads, hd = c.head_dim, B = s.block, w = s.window;
+  const int64_t R = s.select_every;
+  FOCUS_CHECK(R >= 1, "block top-k: blocks chosen every ", R, " rows; must be at least 1");
   // Blocks before lo hold sink keys only, which every row sees without reading them.
   const int64_t lo = s.sinks / B;
   const int64_t last_far = a.pos0 + a.T - 1 - w;
   const int64_t max_cand = last_far >= s.sinks ? std::max<int64_t>(0, last_far / B - lo) : 0;
   // No more slots than the call's rows can fill: a huge K costs nothing.
   const int64_t K = std::min(s.k, max_cand);
-  const int64_t kq = K + 1;
+  // Whether row t chooses its blocks (R > 1: the first row of a tile), and with R > 1 the most
+  // blocks a later row of a tile reads between its tile's first far block and its own current one.
+  auto picks = [&](int64_t t) {
+    const int64_t f = a.pos0 + t - w;
+    return R == 1 || (f >= 0 && f % R == 0);
+  };
+  int64_t extra = 0, picking = a.T;
+  if (R > 1) {
+    picking = 0;
+    for (int64_t t = 0; t < a.T; ++t) {
+      const int64_t f = a.pos0 + t - w;
+      picking += picks(t);
+      if (f >= s.sinks) extra = std::max(extra, f / B - std::max(lo, (f - f % R) / B));
+    }
+  }
+  const int64_t kq = K + 1 + extra;
   qg.assign(a.T * H * kq, -1);
   FOCUS_CHECK(s.head_k.empty() || (int64_t)s.head_k.size() == H, "block top-k: ", s.head_k.size(),
               " head budgets for ", H, " heads (layer ", a.layer, ")");
@@ -171,7 +242,7 @@ int block_topk_select(const AttentionCall& a, const BlockTopKState& st, const Bl
         for (int64_t b = lo; b < cur; ++b) slots[1 + b - lo] = (int32_t)b;
     }
   };
-  const int64_t work = a.T * H * max_cand * hd;
+  const int64_t work = picking * H * max_cand * hd;
 
   if (a.T <= kSplitRows) {
     // Few rows (decoding): the rows' candidates are cut into pieces of kSplitBlocks, each
@@ -189,7 +260,7 @@ int block_topk_select(const AttentionCall& a, const BlockTopKState& st, const Bl
     pieces.clear();
     for (int64_t t = 0; t < a.T; ++t) {
       const int64_t cur = current(t);
-      if (cur < 0) continue;
+      if (cur < 0 || !picks(t)) continue;
       const int64_t nb = cur - lo;
       start_row(t, cur);
       for (int64_t kvh = 0; kvh < c.kv_heads; ++kvh) {
@@ -203,7 +274,7 @@ int block_topk_select(const AttentionCall& a, const BlockTopKState& st, const Bl
         }
       }
     }
-    if (pieces.empty()) return (int)kq;
+    if (pieces.empty()) return share_tiles(a, st, s, qg, kq);
     float* bd = bound.data();
     const Piece* pc = pieces.data();
     const int64_t n_pieces = (int64_t)pieces.size();
@@ -220,11 +291,11 @@ int block_topk_select(const AttentionCall& a, const BlockTopKState& st, const Bl
 #pragma omp for schedule(dynamic, 1)
       for (int64_t i = 0; i < a.T * H; ++i) {
         const int64_t t = i / H, h = i % H, cur = current(t);
-        if (cur < 0 || !chooses(h, cur - lo)) continue;
+        if (cur < 0 || !picks(t) || !chooses(h, cur - lo)) continue;
         block_topk_pick(bd + i * max_cand, cur - lo, kh[h], lo, qg.data() + i * kq, cand);
       }
     }
-    return (int)kq;
+    return share_tiles(a, st, s, qg, kq);
   }
 
   const int64_t row_tiles = (a.T + kSelectRows - 1) / kSelectRows;
@@ -238,7 +309,7 @@ int block_topk_select(const AttentionCall& a, const BlockTopKState& st, const Bl
       int64_t top = lo;  // the tile's last candidate block + 1
       for (int64_t t = t0; t < t1; ++t) {
         const int64_t cur = current(t);
-        if (cur < 0) continue;
+        if (cur < 0 || !picks(t)) continue;
         start_row(t, cur);
         top = std::max(top, cur);
       }
@@ -251,7 +322,7 @@ int block_topk_select(const AttentionCall& a, const BlockTopKState& st, const Bl
         for (int64_t t = t0; t < t1; ++t) {
           const int64_t i = t - t0, cur = current(t);
           nh[i] = 0;
-          for (int64_t h = kvh * hpk; h < (kvh + 1) * hpk && cur >= 0; ++h)
+          for (int64_t h = kvh * hpk; h < (kvh + 1) * hpk && cur >= 0 && picks(t); ++h)
             if (chooses(h, cur - lo)) {
               std::copy_n(a.q + t * c.q_dim() + h * hd, hd, qs.data() + (i * hpk + nh[i]) * hd);
               chosen[i * hpk + nh[i]++] = h;
@@ -276,7 +347,7 @@ int block_topk_select(const AttentionCall& a, const BlockTopKState& st, const Bl
       }
     }
   }
-  return (int)kq;
+  return share_tiles(a, st, s, qg, kq);
 }
 
 void BlockTopKState::append(cpu::KvView k, int64_t kv_stride, int64_t n) {
@@ -321,6 +392,13 @@ void BlockTopKState::append(cpu::KvView k, int64_t kv_stride, int64_t n) {
 void BlockTopKState::truncate(int64_t n) {
   if (n >= len()) return;
   index.truncate(n);
+  if (chosen_every > 0) {  // the tiles whose first row is still in the cache
+    const int64_t keep = n > chosen_window ? (n - chosen_window + chosen_every - 1) / chosen_every : 0;
+    if (keep < chosen_tiles()) {
+      chosen_at.resize(keep + 1);
+      chosen.resize(chosen_at.back());
+    }
+  }
   // A block cut short is no longer complete: its bounds go, to be made again from its new keys
   // (append writes every lane of a block it completes).
   range.resize((complete_blocks() + kBlockTile - 1) / kBlockTile * kv_heads * head_dim * 2 * kBlockTile);
@@ -435,6 +513,9 @@ BlockTopKSettings block_topk_settings(const AttentionOptions& o, const ModelConf
     s.window = o.get_int("window", s.window);
     s.sinks = o.get_int("sinks", s.sinks);
   }
+  s.select_every = o.get_int("every", s.select_every);
+  FOCUS_CHECK(s.select_every >= 1 && s.select_every < (int64_t{1} << 30),
+              "blocktopk: every (rows per choice of blocks) must be at least 1, got ", s.select_every);
   FOCUS_CHECK(s.block >= 1 && s.block < (int64_t{1} << 30), "blocktopk: block must be at least 1, got ", s.block);
   FOCUS_CHECK(s.k >= 0, "blocktopk: k must be at least 0, got ", s.k);
   FOCUS_CHECK(s.window >= 1, "blocktopk: window must be at least 1, got ", s.window);

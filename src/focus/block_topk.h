@@ -7,7 +7,8 @@
 // per kv head). Ties go to the lower block index.
 //
 // Registered as the attention policy "blocktopk" with the options block (B, default 64), k (K,
-// default 8), window (w, default 256) and sinks (S, default 1), e.g.
+// default 8), window (w, default 256), sinks (S, default 1) and every (R, default 1: the blocks
+// chosen once per R rows, BlockTopKSettings::select_every), e.g.
 //   focus eval --attention blocktopk:block=64,k=8,window=256,sinks=1
 // It runs on the grouped kernel (kernels/cpu/grouped_attention.h): key j is in group j / B, and a
 // row's group list is its blocks. Only complete blocks are scored, so a block's bounds never
@@ -31,6 +32,12 @@ struct BlockTopKSettings {
   int64_t k = 8;         // K: far blocks chosen by their bound, besides the forced current one
   int64_t window = 256;  // w: keys p - w < j <= p are always visible
   int64_t sinks = 1;     // S: keys j < S are always visible
+  // R: the blocks are chosen once every R rows. Row p's last far key f = p - w; the row with
+  // f0 = f - f % R (its tile's first, at or before p: causal) chooses the top K blocks before its
+  // own current block f0 / B, and every row of the tile reads those K, plus every block from f0 / B
+  // to its own current block. R = 1: each row chooses for itself. A tile of R rows scores the
+  // blocks once instead of R times, and its rows read the same blocks.
+  int64_t select_every = 1;
   // Per query head of the layer: its own K (block_budget.h); empty: every head reads k. When set,
   // k is their maximum.
   std::vector<int64_t> head_k;
@@ -72,6 +79,14 @@ struct BlockTopKState final : AttentionState {
   // [tiles][kv_heads][head_dim][min, max][kBlockTile]; lanes of blocks not complete are unused.
   std::vector<float> range;
   int64_t index_grows = 0;   // how often the index gained groups (once per new block at most)
+  // With select_every R > 1: the blocks chosen by each tile's first row (position w + i R for
+  // tile i), kept so that the tile's later rows (a decoding step, a chunk that starts inside the
+  // tile) read them: tile i's lists, one per query head, each of the same width, are
+  // chosen[chosen_at[i] ..  chosen_at[i + 1]). R and w are those of the first call that kept any.
+  std::vector<int32_t> chosen;
+  std::vector<int64_t> chosen_at{0};
+  int64_t chosen_every = 0, chosen_window = 0;
+  int64_t chosen_tiles() const { return (int64_t)chosen_at.size() - 1; }
 
   int64_t len() const { return index.n_keys; }
   int64_t complete_blocks() const { return len() / block; }
@@ -108,7 +123,11 @@ void block_topk_pick(float* bd, int64_t nb, int64_t Kh, int64_t lo, int32_t* slo
 // anyway); the others the top K (head h: s.k_of(h)) complete blocks before it by their bound,
 // ascending, then -1. A row with no far key beyond the sinks (p - w < S) reads
 // nothing. st must hold the keys up to the call's last row.
-int block_topk_select(const AttentionCall& a, const BlockTopKState& st, const BlockTopKSettings& s,
+// With s.select_every R > 1 a row's chosen blocks are its tile's (BlockTopKSettings::select_every),
+// followed by the blocks from the tile's first far block up to its own current one (kq is larger
+// by the most of those); the tiles' choices made in this call are kept in st, and those of tiles
+// that began before the call are read from it.
+int block_topk_select(const AttentionCall& a, BlockTopKState& st, const BlockTopKSettings& s,
                       std::vector<int32_t>& qg);
 // The same for a whole window from position 0 (training): the blocks' bounds from the call's keys.
 int block_topk_select_window(const AttentionCall& a, const BlockTopKSettings& s, std::vector<int32_t>& qg);

@@ -316,6 +316,7 @@ BlockTopKSettings hybrid_blocks(const FocusSettings& fs) {
   BlockTopKSettings bs;
   bs.block = fs.block_size;
   bs.k = fs.blocks;
+  bs.select_every = fs.block_select_every;
   if (!fs.block_head_k.empty()) bs.set_head_k(fs.block_head_k);
   bs.window = fs.local_window;
   bs.sinks = fs.sinks;

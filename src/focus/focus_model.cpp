@@ -89,6 +89,8 @@ void check_settings(const FocusSettings& s, const ModelConfig& c, const std::str
               ": blocks must be >= 0 and needs asymmetric routing (got ", s.blocks, ")");
   FOCUS_CHECK(s.block_size >= 1 && s.block_size <= (1 << 20), where, ": block_size must be in [1, 2^20] (got ",
               s.block_size, ")");
+  FOCUS_CHECK(s.block_select_every >= 1 && s.block_select_every <= (1 << 20), where,
+              ": block_select_every must be in [1, 2^20] (got ", s.block_select_every, ")");
   FOCUS_CHECK(!s.group_bias || (s.asymmetric && s.blocks == 0 && s.topp == 0.f && !s.route_on_qk), where,
               ": group weights need asymmetric routers reading the hidden state, with top-k groups and no blocks");
   FOCUS_CHECK(!s.far_bias || (s.asymmetric && s.topp == 0.f && !s.route_on_qk), where,
@@ -198,6 +200,7 @@ void save_focus(const FocusRouters& f, const std::string& dir, const ModelConfig
   if (s.blocks > 0) {
     j["blocks"] = s.blocks;
     j["block_size"] = s.block_size;
+    if (s.block_select_every != 1) j["block_select_every"] = s.block_select_every;
   }
   if (!f.far_mass.empty()) j["far_mass"] = f.far_mass;
   if (!f.block_budget.empty()) j["block_budget"] = f.block_budget;
@@ -262,6 +265,7 @@ FocusConfigFile read_focus_config(const std::string& dir, const ModelConfig& c) 
     s.dense_above = j.value("dense_above", 1.f);
     if (j.contains("blocks")) s.blocks = int_field(j, "blocks", jp);
     if (j.contains("block_size")) s.block_size = int_field(j, "block_size", jp);
+    if (j.contains("block_select_every")) s.block_select_every = int_field(j, "block_select_every", jp);
     FOCUS_CHECK(int_field(j, "model_dim", jp) == c.dim && int_field(j, "model_layers", jp) == c.layers, jp,
                 ": routers were made for a model with dim ", j.at("model_dim"), " and ", j.at("model_layers"),
                 " layers; this model has dim ", c.dim, " and ", c.layers, " layers");

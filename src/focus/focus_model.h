@@ -80,6 +80,9 @@ struct FocusSettings {
   // the recent-but-not-local attention that content groups miss. 0: groups only.
   int64_t blocks = 0;
   int64_t block_size = 64;
+  // The blocks chosen once every this many rows, by each tile's first row (focus.json
+  // "block_select_every", BlockTopKSettings::select_every); 1: every row chooses its own.
+  int64_t block_select_every = 1;
   // Per query head of one layer, its own number of blocks in place of `blocks` (set per layer
   // from FocusRouters::block_budget when the plan is made; empty: every head reads `blocks`).
   std::vector<int64_t> block_head_k;

@@ -81,6 +81,7 @@ json run_identity(const Model& m, const RetrofitOptions& o) {
   if (o.focus.far_bias) j["far_bias"] = true;
   if (o.focus.blocks > 0 || !o.block_budget.empty())
     j.update({{"blocks", o.focus.blocks}, {"block_size", o.focus.block_size}, {"block_budget", o.block_budget}});
+  if (o.focus.block_select_every != 1) j["block_select_every"] = o.focus.block_select_every;
   return j;
 }
 

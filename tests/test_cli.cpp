@@ -33,7 +33,8 @@ std::string text() { return book("pg-345-dracula.txt"); }
 TEST(Cli, RouterFlagsWithoutFocusAreErrorsNamingTheFlag) {
   FOCUS_NEED_FILE(stories());
   const std::vector<std::string> flags = {"--sinks 2", "--groups 4", "--dg 8",      "--tau 0.5",
-                                          "--topk 1",  "--mode hard", "--window 32", "--router-seed 3"};
+                                          "--topk 1",  "--mode hard", "--window 32", "--router-seed 3",
+                                          "--block-select-every 4"};
   const std::vector<std::string> commands = {
       "eval " + model_args() + " --text " + text() + " --ctx 64 --max-tokens 128",
       "generate " + model_args() + " -p Once -n 2",
@@ -99,6 +100,13 @@ TEST(Cli, RouterFolderWithBlockBudgetsTakesItsOwnWindow) {
   EXPECT_EQ(other.code, 1);
   EXPECT_NE(other.err.find("holds per-head block budgets measured with its window and sinks"), std::string::npos)
       << other.err;
+  // The blocks chosen once every 4 rows: said in the pattern's description; 0 rows is refused.
+  const CliRun tiled = run(eval + " --mode hard --block-select-every 4 --json", "tiled");
+  EXPECT_EQ(tiled.code, 0) << tiled.err;
+  EXPECT_NE(tiled.out.find("of 4, chosen every 4 rows"), std::string::npos) << tiled.out;
+  const CliRun zero = run(eval + " --mode hard --block-select-every 0", "zero");
+  EXPECT_EQ(zero.code, 1);
+  EXPECT_NE(zero.err.find("--block-select-every must be >= 1"), std::string::npos) << zero.err;
 }
 
 TEST(Cli, GeneratePrintsTheLibrarysTokens) {

@@ -643,21 +643,23 @@ TEST(AsymmetricRouting, GroupWeightsTrainAsTheyInfer) {
 // matches central differences; the folder keeps them.
 TEST(AsymmetricRouting, FarTermsTrainAsTheyInfer) {
   for (Arch arch : {Arch::Llama, Arch::GPT2})
-    for (int variant = 0; variant < 5; ++variant) {
+    for (int variant = 0; variant < 6; ++variant) {
       SCOPED_TRACE(::testing::Message() << (arch == Arch::Llama ? "llama" : "gpt2")
                                         << (variant == 1   ? " per kv head"
                                             : variant == 2 ? " with group weights"
                                             : variant == 3 ? " with blocks (hybrid)"
                                             : variant == 4 ? " with blocks, per kv head"
+                                            : variant == 5 ? " with blocks chosen every 4 rows, per kv head"
                                                            : " per layer"));
       auto m = random_model(arch, 18);
       FocusSettings s = asym_settings(4, 2, 3);
-      s.per_kv_head = variant == 1 || variant == 4;
+      s.per_kv_head = variant == 1 || variant >= 4;
       s.group_bias = variant == 2;
       if (variant >= 3) {  // the hybrid: 2 blocks of 3 keys besides the block of the last far key
         s.blocks = 2;
         s.block_size = 3;
       }
+      if (variant == 5) s.block_select_every = 4;
       s.key_capacity = 1.25f;
       const FocusRouters plain = focus_init(m->cfg, s, 9);
       s.far_bias = true;

@@ -341,6 +341,13 @@ TEST(Retrofit, HybridTrainingLowersItsHardLossAndKeepsItsBlocks) {
 
   EXPECT_EQ(interrupted_then_resumed(*m, opts(b)), 6);
   EXPECT_EQ(router_params(a, m->cfg), router_params(b, m->cfg));
+  // Blocks chosen once every 3 rows: another pattern from the same routers, trained through and kept.
+  RetrofitOptions tiled = opts(::testing::TempDir() + "/focus_hybrid_tiled");
+  tiled.focus.block_select_every = 3;
+  const RetrofitResult rt = run_retrofit(*m, tiled);
+  EXPECT_NE(rt.before.ppl_hard, full.before.ppl_hard);
+  EXPECT_LT(rt.after.ppl_hard, rt.before.ppl_hard);
+  EXPECT_EQ(load_focus(tiled.out, m->cfg).settings.block_select_every, 3);
   RetrofitOptions od = distill_run(::testing::TempDir() + "/focus_hybrid_distill", 1);
   od.focus.blocks = 2;
   EXPECT_THROW(run_retrofit(*m, od), Error);

@@ -21,6 +21,7 @@
 #include "core/threads.h"
 #include "kernels/cpu/attention.h"
 #include "kernels/cpu/grouped_attention.h"
+#include "test_util.h"
 
 using focus::cpu::AttnShape;
 using focus::cpu::GroupedKeyIndex;
@@ -810,4 +811,20 @@ TEST(GroupedAttention, BadIdsThrow) {
   EXPECT_THROW(fast(P.r, idx), focus::Error);
   EXPECT_THROW(focus::cpu::grouped_pair_count(P.s, P.r, idx), focus::Error);
   EXPECT_THROW(idx.truncate(c.n), focus::Error);
+
+  // Block lists over a prefill (block top-k's pass): an id past the last block or below -1 in a
+  // row with far keys is refused before anything is read; -1 is no block.
+  std::vector<int32_t> lists(c.n * c.heads * 2, -1);
+  auto listed = [&] {
+    focus::cpu::block_list_attention(P.q.data(), P.k.data(), P.v.data(), o.o.data(), o.lse.data(), P.s, 16,
+                                     lists.data(), 2);
+  };
+  EXPECT_NO_THROW(listed());
+  for (int32_t bad : {int32_t{4}, int32_t{-2}}) {  // 50 keys: blocks 0 .. 3
+    lists[(20 * c.heads + 1) * 2 + 1] = bad;
+    const std::string e = focus::test::error_of(listed);
+    EXPECT_NE(e.find("block " + std::to_string(bad) + " outside the 4 blocks of 50 keys"), std::string::npos) << e;
+  }
+  lists[(20 * c.heads + 1) * 2 + 1] = 3;
+  EXPECT_NO_THROW(listed());
 }

@@ -478,6 +478,19 @@ TEST(BlockTopK, DecodesLikePrefillAndIsCausal) {
 
   const std::vector<int32_t> prefix(ids.begin(), ids.begin() + 40);
   EXPECT_LT(max_abs_diff(hidden_of(*m, prefix, &plan), full, 0, 40 * D), 1e-5);
+
+  // A rollback followed by other tokens: the choices of tiles that began after the rollback point
+  // go with it (kept ones would be the old tokens'), so decoding equals one call over the new text.
+  std::vector<int32_t> other = ids;
+  for (int64_t i = 22; i < n; ++i) other[i] = (ids[i] + 7) % m->cfg.vocab;
+  const auto other_full = hidden_of(*m, other, &plan);
+  KVCache c3;
+  c3.init(m->cfg, n);
+  std::vector<float> h3(n * D);
+  forward(*m, ids.data(), 40, c3, h3.data(), &plan);
+  c3.truncate(22);
+  for (int64_t i = 22; i < n; ++i) forward(*m, other.data() + i, 1, c3, h3.data() + i * D, &plan);
+  EXPECT_LT(max_abs_diff(h3, other_full, 22 * D, n * D), 1e-5);
   }
 }
 

@@ -1,5 +1,6 @@
-// The routers shipped in routers/smollm2-books (groups alone) and routers/smollm2-books-hybrid
-// (groups plus per-head budgets of positional blocks) on the real SmolLM2: zero degradation inside
+// The routers shipped in routers/smollm2-books (groups alone), routers/smollm2-books-hybrid
+// (groups plus per-head budgets of positional blocks of 4) and routers/smollm2-books-fast (blocks
+// of 16, chosen once per tile of 16 rows) on the real SmolLM2: zero degradation inside
 // the local window (identical outputs), causality (tokens appended later change no earlier
 // output), decoding from the cache equal to one call, and a sparse pattern beyond the window.
 #include <gtest/gtest.h>
@@ -100,19 +101,27 @@ TEST_P(ShippedRouters, SparseCausalAndDecodesLikePrefill) {
   // dense rows. With the hybrid's hundreds of blocks of 4 per head that rounding can flip a near-tie
   // between two blocks' bounds, so only the groups alone are held to it.
   const double dense_noise = max_abs_diff(hidden_of(*s.m, prefix, nullptr), dense);
-  if (!s.f.settings.blocks)
+  if (!s.f.settings.blocks) {
     EXPECT_LT(max_abs_diff(pre, full), std::max(1e-4, 4 * dense_noise)) << "dense rows differ by " << dense_noise;
+  }
+  if (GetParam() == "smollm2-books-fast") {
+    ASSERT_EQ(s.f.settings.block_select_every, 16);
+  }
 
-  // Decoding the last 16 tokens one at a time from the cache.
+  // Decoding the last 20 tokens one at a time from the cache (with blocks chosen every 16 rows,
+  // the first decoded rows read the choice of a tile the prefill started).
   KVCache c;
   c.init(s.m->cfg, n);
   std::vector<float> h(n * D);
-  forward(*s.m, ids.data(), n - 16, c, h.data(), &s.plan);
-  for (int64_t i = n - 16; i < n; ++i) forward(*s.m, ids.data() + i, 1, c, h.data() + i * D, &s.plan);
-  EXPECT_LT(max_abs_diff(h, full, (size_t)((n - 16) * D)), 1e-3);
+  forward(*s.m, ids.data(), n - 20, c, h.data(), &s.plan);
+  for (int64_t i = n - 20; i < n; ++i) forward(*s.m, ids.data() + i, 1, c, h.data() + i * D, &s.plan);
+  EXPECT_LT(max_abs_diff(h, full, (size_t)((n - 20) * D)), 1e-3);
 }
 
-INSTANTIATE_TEST_SUITE_P(Folders, ShippedRouters, ::testing::Values("smollm2-books", "smollm2-books-hybrid"),
+INSTANTIATE_TEST_SUITE_P(Folders, ShippedRouters,
+                         ::testing::Values("smollm2-books", "smollm2-books-hybrid", "smollm2-books-fast"),
                          [](const ::testing::TestParamInfo<std::string>& i) {
-                           return i.param == "smollm2-books" ? std::string("Groups") : std::string("Hybrid");
+                           return i.param == "smollm2-books"          ? std::string("Groups")
+                                  : i.param == "smollm2-books-hybrid" ? std::string("Hybrid")
+                                                                      : std::string("Fast");
                          });

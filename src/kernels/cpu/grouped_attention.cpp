@@ -1012,17 +1012,20 @@ void grouped_attention(const float* q, KvView k, KvView v, float* o, float* lse,
 namespace {
 
 // Copies a run of len consecutive keys of a transposed block (row d at src + d * ld_src) into
-// a key tile's columns (row d at dst + d * kBk), 16 bytes at a time and the rest one by one. The
+// a key tile's columns (row d at dst + d * kBk), 32 bytes at a time, then 16, then one by one. The
 // loops keep the dimension outside, so the compiler does not turn them into a library call per
 // dimension.
 inline void copy_run(float* dst, const float* src, int64_t ld_src, int64_t hd, int64_t len) {
   typedef float v4u __attribute__((vector_size(16), aligned(4)));
+  typedef float v8u __attribute__((vector_size(32), aligned(4)));
   auto move4 = [](float* to, const float* from) { *reinterpret_cast<v4u*>(to) = *reinterpret_cast<const v4u*>(from); };
-  const int64_t l4 = len & ~int64_t{3};
+  auto move8 = [](float* to, const float* from) { *reinterpret_cast<v8u*>(to) = *reinterpret_cast<const v8u*>(from); };
+  const int64_t l8 = len & ~int64_t{7}, l4 = len & ~int64_t{3};
   for (int64_t d = 0; d < hd; ++d) {
     float* to = dst + d * kBk;
     const float* from = src + d * ld_src;
-    for (int64_t c = 0; c < l4; c += 4) move4(to + c, from + c);
+    for (int64_t c = 0; c < l8; c += 8) move8(to + c, from + c);
+    for (int64_t c = l8; c < l4; c += 4) move4(to + c, from + c);
     for (int64_t c = l4; c < len; ++c) to[c] = from[c];
   }
 }
@@ -1049,14 +1052,16 @@ void block_list_pass(const float* q, const float* k, const float* v, float* o, f
   const int64_t nu = (int64_t)used.size();
   // The keys of those blocks, each block transposed: [kv_heads][blocks][hd][block], so a run of a
   // block's keys is a few consecutive floats per dimension, and a block is one contiguous piece.
-  // Their values likewise as [kv_heads][nk][hdp] rows padded with zeros, so a run's values are one
-  // contiguous piece, copied into a value tile at once. Blocks no row lists are left unwritten (a
-  // few rows over a long cache copy what they read, not the cache). (The calling thread's scratch,
-  // trimmed with the kernel's other buffers, reached by the team through plain pointers.)
+  // The values are read where they lie, one row pointer per key of a tile; when a head's values
+  // are not whole vectors, from a copy of the listed blocks' rows padded with zeros
+  // ([kv_heads][nk][hdp]). Blocks no row lists are left unwritten (a few rows over a long cache copy
+  // what they read, not the cache). (The calling thread's scratch, trimmed with the kernel's other
+  // buffers, reached by the team through plain pointers.)
+  const bool pad_v = hdp != hd;
   tl_scratch.list_k.resize(s.kv_heads * nb * hd * block);
-  tl_scratch.list_v.resize(s.kv_heads * nk * hdp);
+  if (pad_v) tl_scratch.list_v.resize(s.kv_heads * nk * hdp);
   float* const kT = tl_scratch.list_k.data();
-  float* const vP = tl_scratch.list_v.data();
+  float* const vP = pad_v ? tl_scratch.list_v.data() : nullptr;
 #pragma omp parallel for schedule(static)
   for (int64_t x = 0; x < s.kv_heads * nu; ++x) {
     const int64_t kvh = x / nu, b = used[x % nu];
@@ -1064,16 +1069,21 @@ void block_list_pass(const float* q, const float* k, const float* v, float* o, f
     for (int64_t j = b * block; j < std::min(nk, (b + 1) * block); ++j) {
       const float* kr = k + j * s.kv_stride + kvh * hd;
       for (int64_t d = 0; d < hd; ++d) dst[d * block + j - b * block] = kr[d];
+      if (!pad_v) continue;
       float* vr = vP + (kvh * nk + j) * hdp;
       std::memcpy(vr, v + j * s.kv_stride + kvh * hd, hd * sizeof(float));
       std::fill(vr + hd, vr + hdp, 0.f);
     }
   }
+  // Key j's value row of kv head kvh (hdp floats readable).
+  const float* const v_base = pad_v ? vP : v;
+  const int64_t v_head = pad_v ? nk * hdp : hd, v_key = pad_v ? hdp : s.kv_stride;
 #pragma omp parallel
   {
     QueryTile qt(hdp);
     RowSpan spans[kBq];
-    AlignedFloats kt(hdp * kBk), vt(kBk * hdp), bias(kBq * kBk);
+    AlignedFloats kt(hdp * kBk), zero_row(hdp, 0.f), bias(kBq * kBk);
+    const float* vrows[kBk];
     std::vector<int64_t> stamp(nb, -1);
     std::vector<int32_t> uni, uidx(nb);
     // The far keys of the union as runs of consecutive positions, one per block: (union index,
@@ -1144,14 +1154,15 @@ void block_list_pass(const float* q, const float* k, const float* v, float* o, f
         const Run* r0 = runs.data() + tile_runs[kt_i];
         const Run* r1 = runs.data() + tile_runs[kt_i + 1];
         const int64_t m = r1[-1].c + r1[-1].len;
+        const float* const vh = v_base + kvh * v_head;
         for (const Run* r = r0; r < r1; ++r) {
           const int64_t b = r->j0 / block;
           copy_run(kt.data() + r->c, kTh + b * hd * block + (r->j0 - b * block), block, hd, r->len);
-          std::memcpy(vt.data() + r->c * hdp, vP + (kvh * nk + r->j0) * hdp, r->len * hdp * sizeof(float));
+          for (int64_t c = 0; c < r->len; ++c) vrows[r->c + c] = vh + (r->j0 + c) * v_key;
         }
         for (int64_t d = 0; d < hdp; ++d)  // padding: zero keys (hidden by the spans) and dimensions
           std::fill(kt.data() + d * kBk + (d < hd ? m : 0), kt.data() + (d + 1) * kBk, 0.f);
-        for (int64_t c = m; c < kBk; ++c) std::fill(vt.data() + c * hdp, vt.data() + (c + 1) * hdp, 0.f);
+        std::fill(vrows + m, vrows + kBk, zero_row.data());
         for (int64_t i = 0; i < nr; ++i) {
           const int64_t t = t0 + i, lim = p0 + t - w;
           const uint64_t* bits = sel.data() + i * words;
@@ -1193,7 +1204,7 @@ void block_list_pass(const float* q, const float* k, const float* v, float* o, f
             seen[i] = 1;
           }
         }
-        qt.visit<ExpMode::Exact, true>(kt.data(), vt.data(), hdp, 0, (int)nr, spans, nullptr, bias.data());
+        qt.visit<ExpMode::Exact, true>(kt.data(), tiles::GatheredRows{vrows}, 0, (int)nr, spans, nullptr, bias.data());
       }
       for (int64_t i = 0; i < nr; ++i) {
         if (!seen[i]) continue;

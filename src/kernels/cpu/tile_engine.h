@@ -120,15 +120,32 @@ inline void tile_scores(const float* q, int64_t hdp, int rows, const float* kt, 
   for_chunks<kScoreVecs>(nv, [&]<int NV>(int c0) { scores_rows<NV>(q, hdp, rows, kt + c0 * kV, s + c0 * kV); });
 }
 
+// Where a tile's value rows lie: rows ldv floats apart (StridedRows), or anywhere, one pointer per
+// key column (GatheredRows: keys gathered from scattered runs, read where they are instead of being
+// copied into a tile). at(j) is column j's row; shifted(j0, d0) the view from column j0 and float d0.
+struct StridedRows {
+  const float* v;
+  int64_t ldv;
+  const float* at(int j) const { return v + j * ldv; }
+  StridedRows shifted(int j0, int64_t d0) const { return {v + j0 * ldv + d0, ldv}; }
+};
+struct GatheredRows {
+  const float* const* rows;
+  int64_t d0 = 0;
+  const float* at(int j) const { return rows[j] + d0; }
+  GatheredRows shifted(int j0, int64_t d) const { return {rows + j0, d0 + d}; }
+};
+
 // O[i, 0:kV ND] += sum_{c < cols} P[i, c] V[c, 0:kV ND] for R rows.
-template <int R, int ND>
-inline void pv_block(const float* p, const float* v, int64_t ldv, int cols, float* o, int64_t hdp) {
+template <int R, int ND, class V>
+inline void pv_block(const float* p, const V& v, int cols, float* o, int64_t hdp) {
   vf a[R][ND];
   for (int i = 0; i < R; ++i)
     for (int c = 0; c < ND; ++c) a[i][c] = load(o + i * hdp + c * kV);
   for (int j = 0; j < cols; ++j) {
     vf vv[ND];
-    for (int c = 0; c < ND; ++c) vv[c] = load_reg(v + j * ldv + c * kV);
+    const float* vj = v.at(j);
+    for (int c = 0; c < ND; ++c) vv[c] = load_reg(vj + c * kV);
     for (int i = 0; i < R; ++i) {
       const vf pv = bcast(p[i * kBk + j]);
       for (int c = 0; c < ND; ++c) a[i][c] = vfma(pv, vv[c], a[i][c]);
@@ -138,24 +155,28 @@ inline void pv_block(const float* p, const float* v, int64_t ldv, int cols, floa
     for (int c = 0; c < ND; ++c) store(o + i * hdp + c * kV, a[i][c]);
 }
 
-template <int ND>
-inline void pv_rows(const float* p, const float* v, int64_t ldv, int rows, int cols, float* o, int64_t hdp) {
+template <int ND, class V>
+inline void pv_rows(const float* p, const V& v, int rows, int cols, float* o, int64_t hdp) {
   int r = 0;
-  for (; r + 4 <= rows; r += 4) pv_block<4, ND>(p + r * kBk, v, ldv, cols, o + r * hdp, hdp);
+  for (; r + 4 <= rows; r += 4) pv_block<4, ND>(p + r * kBk, v, cols, o + r * hdp, hdp);
   switch (rows - r) {
-    case 3: pv_block<3, ND>(p + r * kBk, v, ldv, cols, o + r * hdp, hdp); break;
-    case 2: pv_block<2, ND>(p + r * kBk, v, ldv, cols, o + r * hdp, hdp); break;
-    case 1: pv_block<1, ND>(p + r * kBk, v, ldv, cols, o + r * hdp, hdp); break;
+    case 3: pv_block<3, ND>(p + r * kBk, v, cols, o + r * hdp, hdp); break;
+    case 2: pv_block<2, ND>(p + r * kBk, v, cols, o + r * hdp, hdp); break;
+    case 1: pv_block<1, ND>(p + r * kBk, v, cols, o + r * hdp, hdp); break;
     default: break;
   }
 }
 
-// O[r, :] += P[r, 0:cols] V[0:cols, :] for `rows` rows; p points at column 0 of row 0. Blocks of
-// at most kPvVecs output vectors.
-inline void tile_pv(const float* p, const float* v, int64_t ldv, int rows, int cols, float* o, int64_t hdp) {
+// O[r, :] += P[r, 0:cols] V[0:cols, :] for `rows` rows; p points at column 0 of row 0, v at the
+// row of column 0. Blocks of at most kPvVecs output vectors.
+template <class V>
+inline void tile_pv(const float* p, const V& v, int rows, int cols, float* o, int64_t hdp) {
   for_chunks<kPvVecs>((int)(hdp / kV), [&]<int ND>(int d0) {
-    pv_rows<ND>(p, v + d0 * kV, ldv, rows, cols, o + d0 * kV, hdp);
+    pv_rows<ND>(p, v.shifted(0, d0 * kV), rows, cols, o + d0 * kV, hdp);
   });
+}
+inline void tile_pv(const float* p, const float* v, int64_t ldv, int rows, int cols, float* o, int64_t hdp) {
+  tile_pv(p, StridedRows{v, ldv}, rows, cols, o, hdp);
 }
 
 // The columns of one key tile that one query row sees: [lo0, hi0) u [lo1, hi1), tile-local,
@@ -211,6 +232,12 @@ struct QueryTile {
   template <ExpMode E = ExpMode::FastWhenFull, bool kBiased = false>
   void visit(const float* kt, const float* v, int64_t ldv, int r0, int r1, const RowSpan* spans,
              const int32_t* key_tag, const float* add = nullptr) {
+    visit<E, kBiased>(kt, StridedRows{v, ldv}, r0, r1, spans, key_tag, add);
+  }
+  // The same with the value rows where vs says (StridedRows or GatheredRows).
+  template <ExpMode E = ExpMode::FastWhenFull, bool kBiased = false, class V>
+  void visit(const float* kt, const V& vs, int r0, int r1, const RowSpan* spans, const int32_t* key_tag,
+             const float* add = nullptr) {
     for (int rb = r0; rb < r1; rb += 4) {
       const int nr = std::min(4, r1 - rb);
       int clo = kBk, chi = 0;
@@ -224,7 +251,7 @@ struct QueryTile {
       float* sb = s.data() + rb * kBk;
       tile_scores(q.data() + rb * hdp, hdp, nr, kt + cv0 * kV, sb + cv0 * kV, cv1 - cv0);
       softmax_block<E, kBiased>(rb, nr, spans, cv0, cv1, key_tag, add);
-      tile_pv(sb + clo, v + clo * ldv, ldv, nr, chi - clo, o.data() + rb * hdp, hdp);
+      tile_pv(sb + clo, vs.shifted(clo, 0), nr, chi - clo, o.data() + rb * hdp, hdp);
     }
   }
 

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <numeric>
 #include <type_traits>
 #include <vector>
 
@@ -1039,16 +1040,24 @@ void block_list_pass(const float* q, const float* k, const float* v, float* o, f
   const int64_t first = std::clamp<int64_t>(S + w - p0, 0, n) / kListRows, tiles = (n + kListRows - 1) / kListRows;
   const int64_t items = H * (tiles - first);
   if (items <= 0) return;
-  // The blocks the rows with far keys list, each id checked before anything is read.
-  std::vector<char> used_mark(nb, 0);
-  for (int64_t x = first * kListRows * H * kq; x < n * H * kq; ++x) {
-    const int32_t b = lists[x];
-    FOCUS_CHECK(b >= -1 && b < nb, "block list attention: block ", b, " outside the ", nb, " blocks of ", nk, " keys");
-    if (b >= 0) used_mark[b] = 1;
-  }
+  // The blocks the rows with far keys list, each id checked before anything is read. Lists the
+  // hybrid's routing check has passed, with more slots than there are blocks (a prefill), stage
+  // every block instead of reading them once more.
   std::vector<int32_t> used;
-  for (int64_t b = 0; b < nb; ++b)
-    if (used_mark[b]) used.push_back((int32_t)b);
+  if (hy && (n - first * kListRows) * H * kq >= nb) {
+    used.resize(nb);
+    std::iota(used.begin(), used.end(), 0);
+  } else {
+    std::vector<char> used_mark(nb, 0);
+    for (int64_t x = first * kListRows * H * kq; x < n * H * kq; ++x) {
+      const int32_t b = lists[x];
+      FOCUS_CHECK(b >= -1 && b < nb, "block list attention: block ", b, " outside the ", nb, " blocks of ", nk,
+                  " keys");
+      if (b >= 0) used_mark[b] = 1;
+    }
+    for (int64_t b = 0; b < nb; ++b)
+      if (used_mark[b]) used.push_back((int32_t)b);
+  }
   const int64_t nu = (int64_t)used.size();
   // The keys of those blocks, each block transposed: [kv_heads][blocks][hd][block], so a run of a
   // block's keys is a few consecutive floats per dimension, and a block is one contiguous piece.
@@ -1243,17 +1252,42 @@ void block_list_attention(const float* q, const float* k, const float* v, float*
 
 namespace {
 
+// Per routing head and block, how many of the block's far keys (from the sinks on, before the last
+// key) each group holds: [route_heads][blocks][groups]. Empty when that table would be large.
+std::vector<int32_t> block_group_counts(const AttnShape& s, const GroupedRouting& r, const GroupedKeyIndex& idx) {
+  const int64_t B = r.block_size, nb = (s.n_kv + B - 1) / B, G = r.n_groups;
+  std::vector<int32_t> counts;
+  if (r.route_heads * nb * G > (int64_t{1} << 24)) return counts;
+  counts.assign(r.route_heads * nb * G, 0);
+  for (int64_t rh = 0; rh < r.route_heads; ++rh) {
+    const int32_t* kg = idx.groups_of_keys(rh);
+    int32_t* c = counts.data() + rh * nb * G;
+    for (int64_t j = s.sinks; j < s.n_kv; ++j) ++c[(j / B) * G + kg[j]];
+  }
+  return counts;
+}
+
 // How many far keys (beyond the sinks, before hi_far) of the blocks read by (row t, head h) are
-// outside its groups, a vector of the keys' groups at a time.
-int64_t count_block_extra_keys(const AttnShape& s, const GroupedRouting& r, const GroupedKeyIndex& idx, int64_t t,
-                               int64_t h, int64_t hi_far) {
+// outside its groups: a block wholly before hi_far from the counts (its keys less those of the
+// row's groups), the others a vector of the keys' groups at a time.
+int64_t count_block_extra_keys(const AttnShape& s, const GroupedRouting& r, const GroupedKeyIndex& idx,
+                               const std::vector<int32_t>& counts, int64_t t, int64_t h, int64_t hi_far) {
   const int32_t* gs = r.query_groups + (t * s.heads + h) * r.kq;
   const int32_t* bs = r.query_blocks + (t * s.heads + h) * r.kb;
-  const int32_t* kg = idx.groups_of_keys(route_of(s, r, h));
+  const int64_t rh = route_of(s, r, h), G = r.n_groups, nb = (s.n_kv + r.block_size - 1) / r.block_size;
+  const int32_t* kg = idx.groups_of_keys(rh);
   int64_t n = 0;
   for (int c = 0; c < r.kb; ++c) {
     if (bs[c] < 0) continue;
     const auto [j0, j1] = block_far_keys(s, r, bs[c], hi_far);
+    if (j1 <= j0) continue;
+    if (!counts.empty() && j1 == std::min<int64_t>((bs[c] + 1) * r.block_size, s.n_kv)) {
+      const int32_t* bc = counts.data() + (rh * nb + bs[c]) * G;
+      n += j1 - j0;
+      for (int64_t i = 0; i < r.kq; ++i)
+        if (gs[i] >= 0) n -= bc[gs[i]];
+      continue;
+    }
     int64_t j = j0;
     for (; j + simd::kV <= j1; j += simd::kV)
       n += simd::kV - __builtin_popcount(simd::lane_bits(in_groups(simd::loadi(kg + j), gs, r.kq)));
@@ -1271,6 +1305,11 @@ int64_t grouped_pair_count(const AttnShape& s, const GroupedRouting& r, const Gr
               "grouped attention: the key index (", idx.n_groups, " groups, ", idx.route_heads, " routing heads, ",
               idx.n_keys, " keys) does not match the routing (", r.n_groups, ", ", r.route_heads, ", ", s.n_kv, ")");
   const int64_t w = s.local_window, S = s.sinks;
+  // Many rows' blocks (a prefill) are counted from each block's group counts; a few rows (decoding)
+  // key by key, cheaper than counting every block's keys.
+  const std::vector<int32_t> counts =
+      r.kb > 0 && s.n_q * s.heads * r.kb * r.block_size > 4 * r.route_heads * s.n_kv ? block_group_counts(s, r, idx)
+                                                                                      : std::vector<int32_t>{};
   int64_t total = 0;
   // Rows are counted in parallel (a prefill's block keys are tens of millions per layer); integer
   // sums, so the count does not depend on the threads.
@@ -1287,7 +1326,7 @@ int64_t grouped_pair_count(const AttnShape& s, const GroupedRouting& r, const Gr
         const auto a = std::lower_bound(m.begin(), m.end(), (int32_t)S);
         total += std::lower_bound(a, m.end(), (int32_t)lo) - a;
       }
-      if (r.kb > 0) total += count_block_extra_keys(s, r, idx, t, h, lo);
+      if (r.kb > 0) total += count_block_extra_keys(s, r, idx, counts, t, h, lo);
     }
   }
   return total;

@@ -100,13 +100,16 @@ TEST(Cli, RouterFolderWithBlockBudgetsTakesItsOwnWindow) {
   EXPECT_EQ(other.code, 1);
   EXPECT_NE(other.err.find("holds per-head block budgets measured with its window and sinks"), std::string::npos)
       << other.err;
-  // The blocks chosen once every 4 rows: said in the pattern's description; 0 rows is refused.
+  // The blocks chosen once every 4 rows: said in the pattern's description; 0 rows, a negative count
+  // and more than 2^20 rows are refused, naming the flag.
   const CliRun tiled = run(eval + " --mode hard --block-select-every 4 --json", "tiled");
   EXPECT_EQ(tiled.code, 0) << tiled.err;
   EXPECT_NE(tiled.out.find("of 4, chosen every 4 rows"), std::string::npos) << tiled.out;
-  const CliRun zero = run(eval + " --mode hard --block-select-every 0", "zero");
-  EXPECT_EQ(zero.code, 1);
-  EXPECT_NE(zero.err.find("--block-select-every must be >= 1"), std::string::npos) << zero.err;
+  for (const char* bad : {"0", "-5", "2000000"}) {
+    const CliRun r = run(eval + " --mode hard --block-select-every " + bad, "bad");
+    EXPECT_NE(r.code, 0) << bad;
+    EXPECT_NE(r.err.find("--block-select-every"), std::string::npos) << bad << ": " << r.err;
+  }
 }
 
 TEST(Cli, GeneratePrintsTheLibrarysTokens) {

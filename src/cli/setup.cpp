@@ -34,7 +34,8 @@ void FocusFlags::add(CLI::App* app) {
   app->add_option("--block-size", block_size, "positional blocks of the hybrid pattern: keys per block (default 64)");
   app->add_option("--block-select-every", block_select_every,
                   "the hybrid pattern: blocks chosen once every this many rows, by each tile's first row (its "
-                  "later rows read them and the blocks from there to their own; 1: every row chooses)");
+                  "later rows read them and the blocks from there to their own; 1: every row chooses)")
+      ->check(CLI::Range(1, 1 << 20));
   app->add_option("--block-budget", block_budget,
                   "asymmetric routers, the hybrid pattern with each head's own number of blocks: a budget file of "
                   "`focus budget` (it sets the block size; its window and sinks must be the routers')");

@@ -137,6 +137,11 @@ constexpr int64_t kSplitBlocks = 256;
 constexpr int64_t kSelectRows = 8;
 constexpr int64_t kScoreBlocks = 64;
 
+// Row t of call a: its last far key p - w (negative while it has none), and whether that key
+// starts a tile of R rows (the row that chooses the tile's blocks; every row when R = 1).
+inline int64_t far_key(const AttentionCall& a, int64_t t, int64_t w) { return a.pos0 + t - w; }
+inline bool leads_tile(int64_t f, int64_t R) { return R == 1 || (f >= 0 && f % R == 0); }
+
 }  // namespace
 
 namespace {
@@ -158,8 +163,8 @@ int share_tiles(const AttentionCall& a, BlockTopKState& st, const BlockTopKSetti
               "): the cache's blocks were chosen every ", st.chosen_every, " rows with window ", st.chosen_window,
               ", this call chooses every ", R, " with window ", w);
   for (int64_t t = 0; t < a.T; ++t) {
-    const int64_t f = a.pos0 + t - w;
-    if (f < 0 || f % R != 0) continue;
+    const int64_t f = far_key(a, t, w);
+    if (!leads_tile(f, R)) continue;
     const int64_t i = f / R;
     FOCUS_CHECK(i <= st.chosen_tiles(), "block top-k (layer ", a.layer, "): tile ", i, " (position ", a.pos0 + t,
                 ") would follow ", st.chosen_tiles(), " kept tiles");
@@ -173,8 +178,8 @@ int share_tiles(const AttentionCall& a, BlockTopKState& st, const BlockTopKSetti
     st.chosen_at.push_back((int64_t)st.chosen.size());
   }
   for (int64_t t = 0; t < a.T; ++t) {
-    const int64_t f = a.pos0 + t - w;
-    if (f < s.sinks || f % R == 0) continue;
+    const int64_t f = far_key(a, t, w);
+    if (f < s.sinks || leads_tile(f, R)) continue;
     const int64_t i = f / R, f0 = f - f % R, cur = f / B, first = std::max(lo, f0 / B);
     FOCUS_CHECK(i < st.chosen_tiles(), "block top-k (layer ", a.layer, "): the blocks of the tile from position ",
                 f0 + w, " were not kept; fill the cache from position 0 with this policy");
@@ -207,15 +212,12 @@ int block_topk_select(const AttentionCall& a, BlockTopKState& st, const BlockTop
   const int64_t K = std::min(s.k, max_cand);
   // Whether row t chooses its blocks (R > 1: the first row of a tile), and with R > 1 the most
   // blocks a later row of a tile reads between its tile's first far block and its own current one.
-  auto picks = [&](int64_t t) {
-    const int64_t f = a.pos0 + t - w;
-    return R == 1 || (f >= 0 && f % R == 0);
-  };
+  auto picks = [&](int64_t t) { return leads_tile(far_key(a, t, w), R); };
   int64_t extra = 0, picking = a.T;
   if (R > 1) {
     picking = 0;
     for (int64_t t = 0; t < a.T; ++t) {
-      const int64_t f = a.pos0 + t - w;
+      const int64_t f = far_key(a, t, w);
       picking += picks(t);
       if (f >= s.sinks) extra = std::max(extra, f / B - std::max(lo, (f - f % R) / B));
     }
@@ -229,7 +231,7 @@ int block_topk_select(const AttentionCall& a, BlockTopKState& st, const BlockTop
   // Row t's current block (that of its last far key p - w), or -1 when it has no far key; a head
   // chooses when it has more candidates than its budget.
   auto current = [&](int64_t t) {
-    const int64_t f = a.pos0 + t - w;
+    const int64_t f = far_key(a, t, w);
     return f < s.sinks ? int64_t{-1} : f / B;
   };
   auto chooses = [&](int64_t h, int64_t nb) { return kh[h] > 0 && nb > kh[h]; };

@@ -2,8 +2,9 @@
 # The main job on the default model and text: model summary, a short greedy generation, and
 # perplexity of SmolLM2-135M-Instruct on a Gutenberg book at ctx 512, then a short Focus
 # retrofit (routers only) with its before/after table, and sparse inference with the result; then
-# the routers shipped in routers/smollm2-books on a long text: perplexity, density and time
-# against dense attention at ctx 8192, and decoding after a 7.9K-token prompt.
+# the routers shipped in routers/smollm2-books-fast (blocks of 16 chosen every 16 rows) on a long
+# text: perplexity, density and time against dense attention at ctx 8192, and decoding after a
+# 7.9K-token prompt.
 set -euo pipefail
 FOCUS=${1:-build/focus}
 DATA=${2:-../shared/data}
@@ -28,7 +29,7 @@ echo "== focus eval with the trained routers, hard top-2 sparse attention (Dracu
 "$FOCUS" eval --model smollm2 --text "$DATA/text/pg-345-dracula.txt" --ctx 1024 --max-tokens 4092 \
   --focus "$OUT" --mode hard --topk 2
 echo
-ROUTERS="$(cd "$(dirname "$0")/.." && pwd)/routers/smollm2-books"
+ROUTERS="$(cd "$(dirname "$0")/.." && pwd)/routers/smollm2-books-fast"
 DRACULA="$DATA/text/pg-345-dracula.txt"
 echo "== the shipped routers ($ROUTERS): Dracula (held out), ctx 8192, dense then Focus hard"
 "$FOCUS" eval --model smollm2 --text "$DRACULA" --ctx 8192 --max-tokens 8191

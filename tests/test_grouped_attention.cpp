@@ -725,6 +725,41 @@ TEST(GroupedAttention, HybridAllBlocksIsDenseCausal) {
   EXPECT_LE(rel_err(run_fast(P), ref, P.s), kTol);
 }
 
+// The lists' check reads a prefill's lists in parallel; whatever the threads, the error names the
+// first list in order that breaks a rule (an id out of range, or one listed twice), and its slot.
+TEST(GroupedAttention, ListCheckNamesTheFirstBadList) {
+  const Case c{.n = 1100, .heads = 4, .kv_heads = 2, .window = 8, .RH = 2, .unused = 0.0, .kb = 20, .block = 1};
+  Problem P;
+  make(P, c);
+  Out o{std::vector<float>(c.n * P.s.o_stride), std::vector<float>(P.s.heads * c.n)};
+  const int saved = focus::num_threads();
+  auto message = [&](const std::vector<int32_t>& qb) {
+    GroupedRouting r = P.r;
+    r.query_blocks = qb.data();
+    try {
+      focus::cpu::grouped_attention(P.q.data(), P.k.data(), P.v.data(), o.o.data(), o.lse.data(), P.s, r, P.idx);
+    } catch (const focus::Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  for (int threads : {1, 2, 3}) {
+    focus::set_threads(threads);
+    std::vector<int32_t> qb = P.query_blocks;
+    qb[(1000 * c.heads + 3) * c.kb + 5] = (int32_t)c.n;  // row 1000: past the last block
+    qb[(700 * c.heads + 1) * c.kb + 2] = 7;  // row 700, head 1: block 7 twice
+    qb[(700 * c.heads + 1) * c.kb + 3] = 7;
+    EXPECT_NE(message(qb).find("row 700, head 1 lists block 7 twice"), std::string::npos) << message(qb);
+    qb[(900 * c.heads + 2) * c.kb + 6] = -2;  // a later bad list changes nothing
+    EXPECT_NE(message(qb).find("row 700, head 1 lists block 7 twice"), std::string::npos) << message(qb);
+    qb[(400 * c.heads) * c.kb + 9] = -3;  // an earlier one is named instead, with its slot
+    EXPECT_NE(message(qb).find("block id -3 (row 400, head 0, slot 9) outside [-1, 1100)"), std::string::npos)
+        << message(qb);
+    EXPECT_EQ(message(P.query_blocks), "no error") << threads << " threads";
+  }
+  focus::set_threads(saved);
+}
+
 TEST(GroupedAttention, BadIdsThrow) {
   Case c;
   c.n = 50;

@@ -41,21 +41,45 @@ void check_shape(const AttnShape& s) {
 // Ids in [-1, n) of every (row, head)'s list of width k at lists, each id >= 0 at most once per list;
 // what names the ids in errors ("group", "block"). Linear in the lists' size: a list can hold
 // hundreds of blocks (per-head block budgets).
+// The lists are read in parallel (a prefill's are millions of ids), each thread marking ids in its
+// own table; the first list in order that breaks a rule is read once more to name the problem.
 void check_slot_lists(const AttnShape& s, const int32_t* lists, int64_t k, int64_t n, const char* what) {
-  std::vector<int64_t> seen(n, -1);  // the list an id was last seen in
-  for (int64_t t = 0; t < s.n_q; ++t)
-    for (int64_t h = 0; h < s.heads; ++h) {
-      const int64_t list = t * s.heads + h;
-      const int32_t* g = lists + list * k;
-      for (int64_t c = 0; c < k; ++c) {
-        FOCUS_CHECK(g[c] >= -1 && g[c] < n, "grouped attention: query ", what, " id ", g[c], " (row ", t, ", head ",
-                    h, ", slot ", c, ") outside [-1, ", n, ")");
-        if (g[c] < 0) continue;
-        FOCUS_CHECK(seen[g[c]] != list, "grouped attention: row ", t, ", head ", h, " lists ", what, " ", g[c],
-                    " twice");
-        seen[g[c]] = list;
+  const int64_t count = s.n_q * s.heads;
+  auto list_ok = [&](int64_t list, std::vector<int64_t>& seen) {  // seen: the list an id was last seen in
+    const int32_t* g = lists + list * k;
+    for (int64_t c = 0; c < k; ++c) {
+      if (g[c] < -1 || g[c] >= n) return false;
+      if (g[c] < 0) continue;
+      if (seen[g[c]] == list) return false;
+      seen[g[c]] = list;
+    }
+    return true;
+  };
+  std::atomic<int64_t> first_bad{count};
+#pragma omp parallel if (count * k > (int64_t{1} << 16))
+  {
+    std::vector<int64_t> seen(n, -1);
+#pragma omp for schedule(static)
+    for (int64_t list = 0; list < count; ++list) {
+      if (list_ok(list, seen)) continue;
+      int64_t b = first_bad.load();
+      while (list < b && !first_bad.compare_exchange_weak(b, list)) {
       }
     }
+  }
+  const int64_t list = first_bad.load();
+  if (list == count) return;
+  const int64_t t = list / s.heads, h = list % s.heads;
+  const int32_t* g = lists + list * k;
+  std::vector<char> seen(n, 0);
+  for (int64_t c = 0; c < k; ++c) {
+    FOCUS_CHECK(g[c] >= -1 && g[c] < n, "grouped attention: query ", what, " id ", g[c], " (row ", t, ", head ", h,
+                ", slot ", c, ") outside [-1, ", n, ")");
+    if (g[c] < 0) continue;
+    FOCUS_CHECK(!seen[g[c]], "grouped attention: row ", t, ", head ", h, " lists ", what, " ", g[c], " twice");
+    seen[g[c]] = 1;
+  }
+  FOCUS_CHECK(false, "grouped attention: the ", what, " list of row ", t, ", head ", h, " was refused");
 }
 
 // The query side: slot ids in [-1, G), used ids of one slot list distinct.

@@ -408,7 +408,8 @@ TEST(GroupedKeyIndex, AppendAndTruncateMatchBuild) {
 
 TEST(GroupedPairCount, MatchesBruteForce) {
   int i = 0;
-  // Whole prefills, chunks, and a few rows over a long cache (blocks counted key by key there).
+  // Whole prefills, chunks, and a few rows over a long cache (there, with six routing heads, the
+  // blocks are counted key by key; with two, from the blocks' group counts, as in a prefill).
   for (int64_t q_pos0 : {0, 37, 205})
     for (int64_t window : {1, 8, 70})
       for (int kq : {1, 3}) {

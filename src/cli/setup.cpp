@@ -125,8 +125,7 @@ std::unique_ptr<FocusRouters> FocusFlags::make(const Model& m) const {
     f->block_budget.clear();
     set_block_budget(*f, m.cfg, b.k, block_budget);
   }
-  if (block_select_every >= 0) {
-    FOCUS_CHECK(block_select_every >= 1, "--block-select-every must be >= 1");
+  if (block_select_every >= 0) {  // (its range is checked where it is parsed)
     FOCUS_CHECK(f->settings.blocks > 0, "--block-select-every applies to the hybrid pattern (routers with blocks, or "
                 "--blocks K)");
     f->settings.block_select_every = block_select_every;

@@ -6,6 +6,7 @@
 #include <cstring>
 #include <limits>
 #include <numeric>
+#include <omp.h>
 #include <type_traits>
 #include <vector>
 
@@ -56,9 +57,12 @@ void check_slot_lists(const AttnShape& s, const int32_t* lists, int64_t k, int64
     return true;
   };
   std::atomic<int64_t> first_bad{count};
-#pragma omp parallel if (count * k > (int64_t{1} << 16))
+  const bool par = count * k > (int64_t{1} << 16);
+  // Each thread's marks, allocated before the team starts (nothing may throw inside it).
+  std::vector<std::vector<int64_t>> marks(par ? omp_get_max_threads() : 1, std::vector<int64_t>(n, -1));
+#pragma omp parallel if (par)
   {
-    std::vector<int64_t> seen(n, -1);
+    std::vector<int64_t>& seen = marks[omp_get_thread_num()];
 #pragma omp for schedule(static)
     for (int64_t list = 0; list < count; ++list) {
       if (list_ok(list, seen)) continue;
@@ -1064,11 +1068,12 @@ void block_list_pass(const float* q, const float* k, const float* v, float* o, f
   const int64_t first = std::clamp<int64_t>(S + w - p0, 0, n) / kListRows, tiles = (n + kListRows - 1) / kListRows;
   const int64_t items = H * (tiles - first);
   if (items <= 0) return;
-  // The blocks the rows with far keys list, each id checked before anything is read. Lists the
-  // hybrid's routing check has passed, with more slots than there are blocks (a prefill), stage
-  // every block instead of reading them once more.
+  // The blocks the rows with far keys list, each id checked before anything is read. A prefill
+  // from the start whose lists the hybrid's routing check has passed, with more slots than there
+  // are blocks, stages every block instead of reading its lists once more (its rows' blocks are
+  // its own keys'; a chunk over a long cache stages only what it lists).
   std::vector<int32_t> used;
-  if (hy && (n - first * kListRows) * H * kq >= nb) {
+  if (hy && p0 == 0 && (n - first * kListRows) * H * kq >= nb) {
     used.resize(nb);
     std::iota(used.begin(), used.end(), 0);
   } else {

@@ -19,6 +19,7 @@
 #include "test_util.h"
 
 using namespace focus;
+using focus::test::hidden_decoded;
 using focus::test::hidden_of;
 using focus::test::max_abs_diff;
 using focus::test::random_model;
@@ -483,14 +484,8 @@ TEST(BlockTopK, DecodesLikePrefillAndIsCausal) {
   // go with it (kept ones would be the old tokens'), so decoding equals one call over the new text.
   std::vector<int32_t> other = ids;
   for (int64_t i = 22; i < n; ++i) other[i] = (ids[i] + 7) % m->cfg.vocab;
-  const auto other_full = hidden_of(*m, other, &plan);
-  KVCache c3;
-  c3.init(m->cfg, n);
-  std::vector<float> h3(n * D);
-  forward(*m, ids.data(), 40, c3, h3.data(), &plan);
-  c3.truncate(22);
-  for (int64_t i = 22; i < n; ++i) forward(*m, other.data() + i, 1, c3, h3.data() + i * D, &plan);
-  EXPECT_LT(max_abs_diff(h3, other_full, 22 * D, n * D), 1e-5);
+  const auto h3 = hidden_decoded(*m, other, &plan, 40, 22, focus::cpu::KvType::F32, &ids);
+  EXPECT_LT(max_abs_diff(h3, hidden_of(*m, other, &plan), 22 * D, n * D), 1e-5);
   }
 }
 

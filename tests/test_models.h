@@ -139,14 +139,16 @@ inline std::vector<float> hidden_of(const Model& m, const std::vector<int32_t>& 
 }
 
 // The hidden states of ids decoded from a KV cache of element type t: a prefill of `prefill`
-// tokens, a rollback to `keep` (keep <= prefill), then one token at a time.
+// tokens, a rollback to `keep` (keep <= prefill), then one token at a time. The prefill reads
+// prefill_ids when given (other tokens after `keep`: what the rollback must forget).
 inline std::vector<float> hidden_decoded(const Model& m, const std::vector<int32_t>& ids, const AttentionPlan* plan,
-                                         int64_t prefill, int64_t keep, cpu::KvType t = cpu::KvType::F32) {
+                                         int64_t prefill, int64_t keep, cpu::KvType t = cpu::KvType::F32,
+                                         const std::vector<int32_t>* prefill_ids = nullptr) {
   const int64_t n = (int64_t)ids.size(), D = m.cfg.dim;
   KVCache c;
   c.init(m.cfg, n, t);
   std::vector<float> h(n * D);
-  forward(m, ids.data(), prefill, c, h.data(), plan);
+  forward(m, (prefill_ids ? *prefill_ids : ids).data(), prefill, c, h.data(), plan);
   c.truncate(keep);
   for (int64_t i = keep; i < n; ++i) forward(m, ids.data() + i, 1, c, h.data() + i * D, plan);
   return h;

@@ -47,6 +47,14 @@ std::vector<std::string> supported_isas() {
   return out;
 }
 
+// The instruction sets with an integer GEMM (quant_gemm) that this CPU runs.
+std::vector<std::string> gemm_isas() {
+  std::vector<std::string> out;
+  for (const char* n : {"avx512vnni", "avx2"})
+    if (cpu::quant_isa_supported(n)) out.push_back(n);
+  return out;
+}
+
 void put16(uint8_t* p, uint16_t v) { std::memcpy(p, &v, 2); }
 
 // A finite random half: magnitude 2^-9 .. 2^-4 with a random sign.
@@ -88,6 +96,30 @@ std::vector<uint8_t> random_weight(GGMLType t, int64_t rows, int64_t cols, std::
   }
   for (size_t b = 0; b + bb <= data.size(); b += bb)
     for (size_t h : halves) put16(data.data() + b + h, random_scale(rng));
+  return data;
+}
+
+// A quantised weight whose rows hold one byte everywhere but in the fp16 scales (random): 0xFF,
+// 0x00, 0x80 and 0x7F by turns, which give each type's largest quants of either sign (Q4_1's 15,
+// Q4_0's -8, Q6_K's 31 and -32, Q8_0's -128 and 127, ...).
+std::vector<uint8_t> extreme_weight(GGMLType t, int64_t rows, int64_t cols, std::mt19937& rng) {
+  std::vector<uint8_t> data = random_weight(t, rows, cols, rng);
+  if (t == GGMLType::F32 || t == GGMLType::F16 || t == GGMLType::BF16) return data;
+  const size_t rb = focus::io::row_bytes(t, cols), bb = focus::io::type_block_bytes(t);
+  std::vector<uint8_t> scales = data;  // random_weight's blocks, whose fp16 fields are kept
+  const uint8_t fills[] = {0xFF, 0x00, 0x80, 0x7F};
+  for (int64_t r = 0; r < rows; ++r) std::fill_n(data.begin() + (ptrdiff_t)(r * rb), rb, fills[r % 4]);
+  std::vector<size_t> halves;
+  switch (t) {
+    case GGMLType::Q4_0: case GGMLType::Q5_0: case GGMLType::Q8_0: halves = {0}; break;
+    case GGMLType::Q4_1: case GGMLType::Q5_1: case GGMLType::Q4_K: case GGMLType::Q5_K: halves = {0, 2}; break;
+    case GGMLType::Q2_K: halves = {80, 82}; break;
+    case GGMLType::Q3_K: halves = {108}; break;
+    case GGMLType::Q6_K: halves = {208}; break;
+    default: ADD_FAILURE() << "no block builder for " << focus::io::type_name(t);
+  }
+  for (size_t b = 0; b + bb <= data.size(); b += bb)
+    for (size_t h : halves) std::copy_n(scales.begin() + (ptrdiff_t)(b + h), 2, data.begin() + (ptrdiff_t)(b + h));
   return data;
 }
 
@@ -198,38 +230,53 @@ TEST_P(QuantMatvecType, WithinBoundOfExactProduct) {
   }
 }
 
-// The integer GEMM of prefill: within the same bound of the exact product, and equal to
-// quant_matvec on the same rows up to rounding (same quantised activations, same terms), for M
-// that are and are not multiples of its 6-row tiles and row counts that are not multiples of its
-// 32-row panels.
+// The integer GEMM of prefill, on every instruction set that has one: within the same bound of
+// the exact product, and equal to quant_matvec on the same rows up to rounding (same quantised
+// activations, same terms), for M that are and are not multiples of its tiles (6 tokens with
+// AVX-512, 2 with AVX2) and row counts that are not multiples of its 32-row panels or of AVX2's
+// 16-row halves. The activations include rows at the int8 extremes (every q = +127, every q = -127)
+// against weights at their own extremes, where AVX2's 16-bit pair sums are closest to overflow.
 TEST_P(QuantMatvecType, GemmWithinBoundAndAgreesWithMatvec) {
   IsaGuard guard;
-  if (!cpu::set_quant_isa("avx512vnni")) GTEST_SKIP() << "this CPU has no AVX-512 VNNI";
+  const auto isas = gemm_isas();
+  if (isas.empty()) GTEST_SKIP() << "this CPU has neither AVX-512 VNNI nor AVX2";
   std::mt19937 rng(777 + (int)GetParam());
-  bool any = false;
-  for (const Case& c : cases_for(GetParam())) {
-    const std::vector<uint8_t> bytes = random_weight(c.type, c.rows, c.cols, rng);
-    const Weight W{c.type, c.rows, c.cols, bytes.data()};
-    if (!cpu::quant_gemm_supported(W)) {
-      EXPECT_TRUE(is_float_type(c.type)) << focus::io::type_name(c.type) << " has no integer GEMM";
-      continue;
-    }
-    any = true;
-    for (int64_t M : {1, 6, 13, 40}) {
-      const std::vector<float> x = random_x(M, c.cols, rng);
-      const Expect e = reference(W, x, M);
-      std::vector<float> y((size_t)(M * c.rows), NAN), ref((size_t)(M * c.rows), NAN);
-      cpu::quant_gemm(x.data(), W, y.data(), M);
-      cpu::quant_matvec(x.data(), W, ref.data(), M);
-      for (size_t i = 0; i < y.size(); ++i) {
-        const std::string where = std::string(focus::io::type_name(c.type)) + " " + std::to_string(c.rows) + "x" +
-                                  std::to_string(c.cols) + " M " + std::to_string(M) + " output " + std::to_string(i);
-        ASSERT_LE(std::fabs((double)y[i] - e.exact[i]), e.quant[i] + e.rounding[i]) << where;
-        ASSERT_LE(std::fabs((double)y[i] - ref[i]), 2 * e.rounding[i]) << where << ": " << y[i] << " vs " << ref[i];
+  std::vector<Case> cases = cases_for(GetParam());
+  if (!is_float_type(GetParam())) cases.push_back({GetParam(), 21, 512});  // a second half of 5 rows
+  for (const std::string& isa : isas) {
+    ASSERT_TRUE(cpu::set_quant_isa(isa));
+    bool any = false;
+    for (const Case& c : cases) {
+      for (bool extreme : {false, true}) {
+        const std::vector<uint8_t> bytes =
+            extreme ? extreme_weight(c.type, c.rows, c.cols, rng) : random_weight(c.type, c.rows, c.cols, rng);
+        const Weight W{c.type, c.rows, c.cols, bytes.data()};
+        if (!cpu::quant_gemm_supported(W)) {
+          EXPECT_TRUE(is_float_type(c.type)) << focus::io::type_name(c.type) << " has no integer GEMM on " << isa;
+          continue;
+        }
+        any = true;
+        for (int64_t M : {1, 6, 13, 40}) {
+          std::vector<float> x = random_x(M, c.cols, rng);
+          if (extreme)
+            for (int64_t m = 0; m < M; ++m)
+              for (int64_t k = 0; k < c.cols; ++k) x[m * c.cols + k] = m % 3 == 0 ? 1.f : m % 3 == 1 ? -1.f : x[m * c.cols + k];
+          const Expect e = reference(W, x, M);
+          std::vector<float> y((size_t)(M * c.rows), NAN), ref((size_t)(M * c.rows), NAN);
+          cpu::quant_gemm(x.data(), W, y.data(), M);
+          cpu::quant_matvec(x.data(), W, ref.data(), M);
+          for (size_t i = 0; i < y.size(); ++i) {
+            const std::string where = isa + " " + focus::io::type_name(c.type) + (extreme ? " extreme " : " ") +
+                                      std::to_string(c.rows) + "x" + std::to_string(c.cols) + " M " +
+                                      std::to_string(M) + " output " + std::to_string(i);
+            ASSERT_LE(std::fabs((double)y[i] - e.exact[i]), e.quant[i] + e.rounding[i]) << where;
+            ASSERT_LE(std::fabs((double)y[i] - ref[i]), 2 * e.rounding[i]) << where << ": " << y[i] << " vs " << ref[i];
+          }
+        }
       }
     }
+    EXPECT_EQ(any, !is_float_type(GetParam())) << isa;
   }
-  EXPECT_EQ(any, !is_float_type(GetParam()));
 }
 
 // The instruction sets use the same quantised activations, so they differ by rounding only.
@@ -408,9 +455,12 @@ void on_3_then_1_thread(F f, std::vector<double>& a, std::vector<double>& b) {
 
 TEST(QuantGemmLogSoftmax, EqualsLogSoftmaxOfTheGemmLogits) {
   IsaGuard guard;
-  if (!cpu::set_quant_isa("avx512vnni")) GTEST_SKIP() << "this CPU has no AVX-512 VNNI";
+  const auto isas = gemm_isas();
+  if (isas.empty()) GTEST_SKIP() << "this CPU has neither AVX-512 VNNI nor AVX2";
   std::mt19937 rng(4242);
+  for (const std::string& isa : isas)
   for (GGMLType t : {GGMLType::Q8_0, GGMLType::Q4_K}) {
+    ASSERT_TRUE(cpu::set_quant_isa(isa));
     const int64_t rows = 2 * 2048 + 37, cols = 256;
     const std::vector<uint8_t> bytes = random_weight(t, rows, cols, rng);
     const Weight W{t, rows, cols, bytes.data()};
@@ -499,7 +549,7 @@ TEST(QuantMatvecNaN, NonFiniteActivationRowsGiveNaN) {
           EXPECT_TRUE(std::isnan(y[rows + n])) << isa << " " << focus::io::type_name(t) << " output " << n;
           EXPECT_TRUE(std::isfinite(y[n]) && std::isfinite(y[2 * rows + n])) << isa;
         }
-        if (isa == "avx512vnni" && cpu::quant_gemm_supported(W)) {
+        if (isa != "generic" && cpu::quant_gemm_supported(W)) {
           cpu::quant_gemm(x.data(), W, y.data(), M);
           for (int64_t n = 0; n < rows; ++n) {
             EXPECT_TRUE(std::isnan(y[rows + n])) << "gemm " << focus::io::type_name(t) << " output " << n;

@@ -199,7 +199,7 @@ void ModelSetup::add_model(CLI::App* app, bool required, bool positional) {
       ->check(CLI::IsMember({"native", "f32", "bf16"}));
   app->add_option("--prefill-gemm", prefill_gemm,
                   "quantised weights times many rows (prefill, scoring): int8 (integer GEMM on int8 "
-                  "activations where the CPU has AVX-512 VNNI; default) or dequant (float32 tiles through sgemm: "
+                  "activations where the CPU has AVX-512 VNNI or AVX2; default) or dequant (float32 tiles through sgemm: "
                   "the f32 path's result)")
       ->check(CLI::IsMember({"int8", "dequant"}));
 }

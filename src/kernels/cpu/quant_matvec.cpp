@@ -398,6 +398,20 @@ bool gemm_has_b(GGMLType t) {
          t == GGMLType::Q5_K;
 }
 
+// The largest |q| decode_row gives a type quant_gemm takes.
+int gemm_max_abs_q(GGMLType t) {
+  switch (t) {
+    case GGMLType::Q2_K: return 3;
+    case GGMLType::Q3_K: return 4;
+    case GGMLType::Q4_0: return 8;
+    case GGMLType::Q4_1: case GGMLType::Q4_K: return 15;
+    case GGMLType::Q5_0: return 16;
+    case GGMLType::Q5_1: case GGMLType::Q5_K: return 31;
+    case GGMLType::Q6_K: return 32;
+    default: return 128;  // Q8_0
+  }
+}
+
 constexpr int kPanelRows = 32;
 
 struct PanelBuf {
@@ -407,7 +421,7 @@ struct PanelBuf {
   IntRow row;
 };
 
-// Rows [n0, n0 + rows) of W decoded to integers and interleaved as gemm_panel_avx512 reads them.
+// Rows [n0, n0 + rows) of W decoded to integers and interleaved as the panel kernels read them.
 void pack_panel(const Weight& W, int64_t n0, int rows, PanelBuf& pb, GemmPanel& p) {
   const int64_t K = W.cols;
   const int group = gemm_group(W.type);
@@ -441,6 +455,7 @@ void pack_panel(const Weight& W, int64_t n0, int rows, PanelBuf& pb, GemmPanel& 
   p.rows = rows;
   p.group = group;
   p.has_b = gemm_has_b(W.type);
+  p.max_abs_q = gemm_max_abs_q(W.type);
   p.q = pb.q.data();
   p.A = pb.A.data();
   p.B = pb.B.data();
@@ -472,7 +487,7 @@ bool set_quant_isa(const std::string& name) {
 }
 
 bool quant_gemm_supported(const Weight& W) {
-  return current_isa().load() == Avx512 && gemm_group(W.type) > 0 && W.cols > 0 && W.cols % 32 == 0;
+  return current_isa().load() >= Avx2 && gemm_group(W.type) > 0 && W.cols > 0 && W.cols % 32 == 0;
 }
 
 namespace {
@@ -482,6 +497,7 @@ namespace {
 // the scaled sums of each 16. Rounding to int8 would turn a NaN or infinite input into a finite
 // number: such a row gets NaN scales, so its products are NaN as in float arithmetic.
 GemmAct quantize_gemm_acts(const float* x, int64_t M, int64_t K, bool par) {
+  const QuantizeRowFn qrow = current_isa().load() == Avx512 ? quantize_row_avx512 : quantize_row_avx2;
   thread_local std::vector<uint8_t> ubuf;
   thread_local std::vector<float> dbuf, sbuf;
   ubuf.resize((size_t)(M * K));
@@ -496,13 +512,17 @@ GemmAct quantize_gemm_acts(const float* x, int64_t M, int64_t K, bool par) {
     sum16.resize((size_t)(K / 16));
     uint8_t* um = u + m * K;
     float* dm = d32 + m * (K / 32);
-    quantize_row_avx512(x + m * K, K, reinterpret_cast<int8_t*>(um), dm, sum16.data());
+    qrow(x + m * K, K, reinterpret_cast<int8_t*>(um), dm, sum16.data());
     if (!all_finite(x + m * K, K)) std::fill(dm, dm + K / 32, std::numeric_limits<float>::quiet_NaN());
     for (int64_t k = 0; k < K; ++k) um[k] ^= 0x80;  // q + 128
     for (int64_t b = 0; b < K / 16; ++b) s16[m * (K / 16) + b] = dm[b / 2] * (float)sum16[(size_t)b];
   }
   return GemmAct{M, K, K / 32, K / 16, u, d32, s16};
 }
+
+// The panel kernel of the instruction set in use (quant_gemm_supported: AVX2 or AVX-512 VNNI).
+using GemmPanelFn = void (*)(const GemmPanel& p, const GemmAct& a, float* y, int64_t ldy, int64_t n0);
+GemmPanelFn gemm_panel_kernel() { return current_isa().load() == Avx512 ? gemm_panel_avx512 : gemm_panel_avx2; }
 
 // The rows m0 .. m0 + n - 1 of a.
 GemmAct act_rows(const GemmAct& a, int64_t m0, int64_t n) {
@@ -519,6 +539,7 @@ void quant_gemm(const float* x, const Weight& W, float* y, int64_t M) {
   const int64_t K = W.cols, N = W.rows;
   const bool par = omp_get_max_threads() > 1 && !omp_in_parallel();
   const GemmAct a = quantize_gemm_acts(x, M, K, par);
+  const GemmPanelFn gemm_panel = gemm_panel_kernel();
   const int64_t np = (N + kPanelRows - 1) / kPanelRows;
 #pragma omp parallel for schedule(dynamic, 1) if (par && np > 1)
   for (int64_t i = 0; i < np; ++i) {
@@ -526,7 +547,7 @@ void quant_gemm(const float* x, const Weight& W, float* y, int64_t M) {
     GemmPanel p{};
     const int64_t n0 = i * kPanelRows;
     pack_panel(W, n0, (int)std::min<int64_t>(kPanelRows, N - n0), pb, p);
-    gemm_panel_avx512(p, a, y, N, n0);
+    gemm_panel(p, a, y, N, n0);
   }
 }
 
@@ -541,6 +562,7 @@ void quant_gemm_log_softmax(const float* x, const Weight& W, int64_t M, const in
   if (M == 0) return;
   const bool par = omp_get_max_threads() > 1 && !omp_in_parallel();
   const GemmAct a = quantize_gemm_acts(x, M, K, par);
+  const GemmPanelFn gemm_panel = gemm_panel_kernel();
   // Blocks of kBlockPanels panels (2048 output rows); each is decoded once and multiplied by every
   // row, kRowChunk rows at a time (their logits stay in a thread's buffer). Per (block, row): the
   // block's largest logit and the sum of exp(logit - that), merged over the blocks in order at the
@@ -569,7 +591,7 @@ void quant_gemm_log_softmax(const float* x, const Weight& W, int64_t M, const in
       for (int64_t m0 = 0; m0 < M; m0 += kRowChunk) {
         const int64_t mr = std::min(kRowChunk, M - m0);
         const GemmAct am = act_rows(a, m0, mr);
-        for (int64_t i = 0; i < pn; ++i) gemm_panel_avx512(ps[(size_t)i], am, y.data(), kBlockCols, i * kPanelRows);
+        for (int64_t i = 0; i < pn; ++i) gemm_panel(ps[(size_t)i], am, y.data(), kBlockCols, i * kPanelRows);
         for (int64_t r = 0; r < mr; ++r) {
           const float* row = y.data() + r * kBlockCols;
           const int64_t m = m0 + r;

@@ -41,8 +41,9 @@ void quant_matvec_multi(const float* x, const MatvecOut* outs, int n, int64_t M)
 // quant_matvec does (int8 per 32-element block), the weights are decoded into panels of 32 rows
 // of signed bytes, and each output is sum_g A_g d_g (sum_{k in g} q_w q_x) + B_g s_g over the
 // weight's scale groups g (16 or 32 elements): the same terms as quant_matvec, summed in another
-// order, so the error bound above holds. Only with the AVX-512 VNNI instruction set and for
-// Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K and Q6_K weights (quant_gemm_supported).
+// order, so the error bound above holds. With the AVX-512 VNNI or the AVX2 instruction set (the
+// same integer sums and float steps) and for Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K,
+// Q3_K, Q4_K, Q5_K and Q6_K weights (quant_gemm_supported).
 bool quant_gemm_supported(const Weight& W);
 void quant_gemm(const float* x, const Weight& W, float* y, int64_t M);
 // Scoring without the logits in memory: lp[m] = the log-softmax at targets[m] of row m of the

@@ -71,6 +71,7 @@ struct GemmPanel {
   int64_t K;
   int rows, group;
   bool has_b;
+  int max_abs_q;            // the largest |q| the type holds (the AVX2 kernel's 16-bit sums depend on it)
   const int8_t* q;
   const float* A;           // [K / group][32]
   const float* B;           // [K / group][32] (read only when has_b)
@@ -85,6 +86,7 @@ struct GemmAct {
 };
 // y[m * ldy + n0 + r] for m < a.M, r < p.rows.
 void gemm_panel_avx512(const GemmPanel& p, const GemmAct& a, float* y, int64_t ldy, int64_t n0);
+void gemm_panel_avx2(const GemmPanel& p, const GemmAct& a, float* y, int64_t ldy, int64_t n0);
 
 // Kernels of each instruction set; fn == nullptr where the file has none for that type.
 Kernel kernel_avx512(io::GGMLType t);

@@ -409,7 +409,8 @@ TEST(GroupedKeyIndex, AppendAndTruncateMatchBuild) {
 TEST(GroupedPairCount, MatchesBruteForce) {
   int i = 0;
   // Whole prefills, chunks, and a few rows over a long cache (there, with six routing heads, the
-  // blocks are counted key by key; with two, from the blocks' group counts, as in a prefill).
+  // blocks are counted key by key; with two, from the blocks' group counts, as in a prefill);
+  // grouped_pair_count and the count grouped_attention gives with its result.
   for (int64_t q_pos0 : {0, 37, 205})
     for (int64_t window : {1, 8, 70})
       for (int kq : {1, 3}) {
@@ -442,6 +443,21 @@ TEST(GroupedPairCount, MatchesBruteForce) {
             }
           }
         EXPECT_EQ(focus::cpu::grouped_pair_count(s, P.r, P.idx), brute) << describe(c) << " q_pos0 " << q_pos0;
+        // The kernel's own count, over float keys and over an f16 cache (whose few-row calls
+        // decode from the cache as it is).
+        std::vector<float> o(s.n_q * s.o_stride);
+        int64_t pairs = -1;
+        focus::cpu::grouped_attention(P.q.data(), P.k.data(), P.v.data(), o.data(), nullptr, s, P.r, P.idx, &pairs);
+        EXPECT_EQ(pairs, brute) << describe(c) << " q_pos0 " << q_pos0;
+        using focus::cpu::KvType;
+        std::vector<uint8_t> kc(P.k.size() * focus::cpu::kv_type_bytes(KvType::F16)), vc(kc.size());
+        focus::cpu::kv_store(P.k.data(), (int64_t)P.k.size(), KvType::F16, kc.data());
+        focus::cpu::kv_store(P.v.data(), (int64_t)P.v.size(), KvType::F16, vc.data());
+        pairs = -1;
+        focus::cpu::grouped_attention(P.q.data(), focus::cpu::KvView(kc.data(), KvType::F16),
+                                      focus::cpu::KvView(vc.data(), KvType::F16), o.data(), nullptr, s, P.r, P.idx,
+                                      &pairs);
+        EXPECT_EQ(pairs, brute) << "f16 cache, " << describe(c) << " q_pos0 " << q_pos0;
       }
 }
 

@@ -622,6 +622,7 @@ class AsymmetricFocusAttention final : public AttentionPolicy {
       routing.far_q = far_qp.data();
       routing.far_k = far_kp.data();
     }
+    int64_t pairs = 0;  // visible pairs, for the statistics
     if (fs_.group_bias) {
       // The pattern's pairs with their weights (and far-pair terms), through the soft kernel (dense
       // work) as training computes them; the pair count below is the pattern's.
@@ -643,16 +644,17 @@ class AsymmetricFocusAttention final : public AttentionPolicy {
         ks->runs.sync(ks->index, kc, vc, c.kv_heads, c.head_dim, s.kv_stride);
         routing.runs = &ks->runs;
       }
-      cpu::grouped_attention(a.q, kc, vc, a.out, nullptr, s, routing, ks->index);
+      cpu::grouped_attention(a.q, kc, vc, a.out, nullptr, s, routing, ks->index, stats ? &pairs : nullptr);
     } else {
-      cpu::grouped_attention(a.q, a.k, a.v, a.out, nullptr, s, routing, ks->index);
+      cpu::grouped_attention(a.q, a.k, a.v, a.out, nullptr, s, routing, ks->index, stats ? &pairs : nullptr);
     }
     if (!stats) return;
     if (stats->groups && a.pos0 == 0) {
       if ((int64_t)stats->groups->size() < c.layers) stats->groups->resize(c.layers);
       (*stats->groups)[a.layer] = ks->index.key_group[0];
     }
-    add_causal(stats, a.pos0, T, (double)cpu::grouped_pair_count(s, routing, ks->index) / (double)c.heads);
+    if (fs_.group_bias) pairs = cpu::grouped_pair_count(s, routing, ks->index);  // (the soft kernel ran)
+    add_causal(stats, a.pos0, T, (double)pairs / (double)c.heads);
     if (a.pos0 == 0) {
       const int64_t S = std::min(fs_.sinks, T);
       for (int64_t r = 0; r < RH; ++r) {

@@ -994,8 +994,12 @@ void grouped_attention_reference(const float* q, const float* k, const float* v,
   }
 }
 
+namespace {
+int64_t checked_pair_count(const AttnShape& s, const GroupedRouting& r, const GroupedKeyIndex& idx);
+}  // namespace
+
 void grouped_attention(const float* q, const float* k, const float* v, float* o, float* lse, const AttnShape& s,
-                       const GroupedRouting& r, const GroupedKeyIndex& idx) {
+                       const GroupedRouting& r, const GroupedKeyIndex& idx, int64_t* pairs) {
   check_shape(s);
   check_routing(s, r);
   FOCUS_CHECK(idx.n_groups == r.n_groups && idx.route_heads == r.route_heads, "grouped attention: the key index has ",
@@ -1003,6 +1007,7 @@ void grouped_attention(const float* q, const float* k, const float* v, float* o,
               r.route_heads);
   FOCUS_CHECK(idx.n_keys >= s.n_kv, "grouped attention: the key index holds ", idx.n_keys, " keys, ", s.n_kv,
               " needed");
+  if (pairs) *pairs = checked_pair_count(s, r, idx);
   if (s.n_q == 0) return;
   if (s.n_q * s.heads <= kFewPairs)
     gathered_attention(q, k, v, o, lse, s, r, idx, /*with_groups=*/true);
@@ -1013,15 +1018,16 @@ void grouped_attention(const float* q, const float* k, const float* v, float* o,
 }
 
 void grouped_attention(const float* q, KvView k, KvView v, float* o, float* lse, const AttnShape& s,
-                       const GroupedRouting& r, const GroupedKeyIndex& idx) {
+                       const GroupedRouting& r, const GroupedKeyIndex& idx, int64_t* pairs) {
   FOCUS_CHECK(k.type == v.type, "grouped attention: keys and values of different types");
   if (k.type == KvType::F32)
-    return grouped_attention(q, k.as<float>(), v.as<float>(), o, lse, s, r, idx);
+    return grouped_attention(q, k.as<float>(), v.as<float>(), o, lse, s, r, idx, pairs);
   if (s.n_q * s.heads <= kFewPairs && s.n_q > 0) {  // decoding: read the cache as it is
     check_shape(s);
     check_routing(s, r);
     FOCUS_CHECK(idx.n_groups == r.n_groups && idx.route_heads == r.route_heads && idx.n_keys >= s.n_kv,
                 "grouped attention: the key index does not match the routing or holds too few keys");
+    if (pairs) *pairs = checked_pair_count(s, r, idx);
     with_kv_type(k.type, [&](auto tag) {
       using E = decltype(tag);
       gathered_decode(q, k.as<E>(), v.as<E>(), o, lse, s, r, idx, /*with_groups=*/true);
@@ -1035,7 +1041,7 @@ void grouped_attention(const float* q, KvView k, KvView v, float* o, float* lse,
   vf.resize(n);
   kv_load_floats(k, n, kf.data());
   kv_load_floats(v, n, vf.data());
-  grouped_attention(q, kf.data(), vf.data(), o, lse, s, r, idx);
+  grouped_attention(q, kf.data(), vf.data(), o, lse, s, r, idx, pairs);
 }
 
 namespace {
@@ -1327,12 +1333,10 @@ int64_t count_block_extra_keys(const AttnShape& s, const GroupedRouting& r, cons
 
 }  // namespace
 
-int64_t grouped_pair_count(const AttnShape& s, const GroupedRouting& r, const GroupedKeyIndex& idx) {
-  check_shape(s);
-  check_routing(s, r);
-  FOCUS_CHECK(idx.n_groups == r.n_groups && idx.route_heads == r.route_heads && idx.n_keys >= s.n_kv,
-              "grouped attention: the key index (", idx.n_groups, " groups, ", idx.route_heads, " routing heads, ",
-              idx.n_keys, " keys) does not match the routing (", r.n_groups, ", ", r.route_heads, ", ", s.n_kv, ")");
+namespace {
+
+// grouped_pair_count of a shape, routing and index already checked.
+int64_t checked_pair_count(const AttnShape& s, const GroupedRouting& r, const GroupedKeyIndex& idx) {
   const int64_t w = s.local_window, S = s.sinks;
   // Many rows' blocks (a prefill) are counted from each block's group counts; a few rows (decoding)
   // key by key, cheaper than counting every block's keys.
@@ -1359,6 +1363,17 @@ int64_t grouped_pair_count(const AttnShape& s, const GroupedRouting& r, const Gr
     }
   }
   return total;
+}
+
+}  // namespace
+
+int64_t grouped_pair_count(const AttnShape& s, const GroupedRouting& r, const GroupedKeyIndex& idx) {
+  check_shape(s);
+  check_routing(s, r);
+  FOCUS_CHECK(idx.n_groups == r.n_groups && idx.route_heads == r.route_heads && idx.n_keys >= s.n_kv,
+              "grouped attention: the key index (", idx.n_groups, " groups, ", idx.route_heads, " routing heads, ",
+              idx.n_keys, " keys) does not match the routing (", r.n_groups, ", ", r.route_heads, ", ", s.n_kv, ")");
+  return checked_pair_count(s, r, idx);
 }
 
 size_t grouped_attention_scratch_bytes() { return tl_scratch.bytes(); }

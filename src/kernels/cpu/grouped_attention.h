@@ -127,16 +127,17 @@ void grouped_attention_reference(const float* q, const float* k, const float* v,
 // them into fixed slices whose partial states are merged in order, the (row, head, slice) tasks
 // spread over threads (flash-decoding). Either way the result does not depend on the thread
 // count. Throws focus::Error on a bad shape, a query group id outside [-1, G) or listed twice in
-// one slot list, or an index that does not match the routing.
+// one slot list, or an index that does not match the routing. With pairs, also *pairs =
+// grouped_pair_count(s, routing, idx) (the routing checked once for both).
 void grouped_attention(const float* q, const float* k, const float* v, float* o, float* lse, const AttnShape& s,
-                       const GroupedRouting& routing, const GroupedKeyIndex& idx);
+                       const GroupedRouting& routing, const GroupedKeyIndex& idx, int64_t* pairs = nullptr);
 // Up to this many (row, head) pairs a call is decoding-sized: it takes the gathered path.
 constexpr int64_t kFewPairs = 64;
 
 // The same over a KV cache of any element type (kv_stride in elements): decoding reads the
 // cached elements directly; more rows run the float kernel on the widened values.
 void grouped_attention(const float* q, KvView k, KvView v, float* o, float* lse, const AttnShape& s,
-                       const GroupedRouting& routing, const GroupedKeyIndex& idx);
+                       const GroupedRouting& routing, const GroupedKeyIndex& idx, int64_t* pairs = nullptr);
 
 // Block lists (block top-k's pattern, focus/block_topk.h) over a prefill from position 0 (q_pos0
 // == 0, n_q == n_kv): row t of head h reads, beyond its window and the sinks, the keys j <= t - w

@@ -153,6 +153,27 @@ TEST(FuzzRegressions, HfTokenizerJsonAddedTokens) {
   EXPECT_EQ(msg.find("added"), std::string::npos) << msg;
 }
 
+// fuzz_bpe_files (2026-11-29, after 6.7 million executions): a tokenizer.json whose model.type is
+// a number escaped as a JSON type error; so did other fields of a wrong JSON type (byte_fallback,
+// a pre-tokenizer's type or pattern). Each is now an error naming the file.
+TEST(FuzzRegressions, HfTokenizerJsonFieldsOfTheWrongType) {
+  const std::string d = scratch("hf_types");
+  const std::string vocab = R"("vocab": {"a": 0, "b": 1, "ab": 2}, "merges": ["a b"])";
+  const std::pair<std::string, std::string> cases[] = {
+      {R"({"model": {"type": 30, )" + vocab + "}}", "model.type is 30, not a string"},
+      {R"({"model": {"type": "BPE", "byte_fallback": "yes", )" + vocab + "}}", "malformed tokenizer.json"},
+      {R"({"pre_tokenizer": {"type": "Sequence", "pretokenizers": [{"type": "ByteLevel"}, 7]},)"
+       R"( "model": {"type": "BPE", )" + vocab + "}}",
+       "malformed tokenizer.json"},
+  };
+  for (const auto& [text, expect] : cases) {
+    write(d + "/tokenizer.json", text);
+    const std::string msg = error_of([&] { io::load_tokenizer(d + "/tokenizer.json"); });
+    EXPECT_NE(msg.find("tokenizer.json"), std::string::npos) << text << ": " << msg;
+    EXPECT_NE(msg.find(expect), std::string::npos) << text << ": " << msg;
+  }
+}
+
 // fuzz_checkpoint: checkpoint metadata that is JSON but not an object escaped as a JSON type
 // error; negative step counts were accepted; a trainer's load_state reading malformed metadata
 // let JSON type errors through.

@@ -96,12 +96,15 @@ int32_t find_token(const std::vector<std::string>& tokens, std::initializer_list
   return -1;
 }
 
-// A Hugging Face tokenizer.json holding a BPE model.
-VocabData vocab_from_hf_json(const std::string& path) {
+// A Hugging Face tokenizer.json holding a BPE model (vocab_from_hf_json below: any field of an
+// unexpected JSON type becomes an error naming the file).
+VocabData read_hf_json(const std::string& path) {
   const json j = parse_json_file(path);
   FOCUS_CHECK(j.is_object() && j.contains("model") && j["model"].is_object(), path,
               ": not a Hugging Face tokenizer.json (no \"model\" object)");
   const json& model = j["model"];
+  FOCUS_CHECK(!model.contains("type") || model["type"].is_string(), path, ": model.type is ",
+              model["type"].dump().substr(0, 80), ", not a string");
   const std::string type = model.value("type", std::string("BPE"));
   FOCUS_CHECK(type == "BPE", path, ": tokenizer model type '", type, "' is not supported (only BPE)");
   FOCUS_CHECK(model.contains("vocab"), path, ": model has no vocab");
@@ -219,6 +222,14 @@ VocabData vocab_from_hf_json(const std::string& path) {
     v.add_bos = v.kind == VocabData::Kind::SentencePiece || find_token(v.tokens, {"<|begin_of_text|>"}) >= 0;
   }
   return v;
+}
+
+VocabData vocab_from_hf_json(const std::string& path) {
+  try {
+    return read_hf_json(path);
+  } catch (const json::exception& e) {
+    throw Error(path + ": malformed tokenizer.json (" + e.what() + ")");
+  }
 }
 
 }  // namespace

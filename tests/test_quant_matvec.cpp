@@ -66,6 +66,18 @@ uint16_t random_scale(std::mt19937& rng) {
 
 // Bytes of a [rows, cols] weight of type t: random quant bytes with finite random fp16 scales, or
 // random values for the float types.
+// Offsets of the fp16 fields (scales, minima) in a block of quantised type t.
+std::vector<size_t> fp16_fields(GGMLType t) {
+  switch (t) {
+    case GGMLType::Q4_0: case GGMLType::Q5_0: case GGMLType::Q8_0: return {0};
+    case GGMLType::Q4_1: case GGMLType::Q5_1: case GGMLType::Q4_K: case GGMLType::Q5_K: return {0, 2};
+    case GGMLType::Q2_K: return {80, 82};
+    case GGMLType::Q3_K: return {108};
+    case GGMLType::Q6_K: return {208};
+    default: ADD_FAILURE() << "no block builder for " << focus::io::type_name(t); return {};
+  }
+}
+
 std::vector<uint8_t> random_weight(GGMLType t, int64_t rows, int64_t cols, std::mt19937& rng) {
   const size_t rb = focus::io::row_bytes(t, cols);
   std::vector<uint8_t> data(rb * (size_t)rows);
@@ -85,15 +97,7 @@ std::vector<uint8_t> random_weight(GGMLType t, int64_t rows, int64_t cols, std::
   }
   for (auto& c : data) c = (uint8_t)(rng() & 0xFF);
   const size_t bb = focus::io::type_block_bytes(t);
-  std::vector<size_t> halves;  // offsets of the fp16 fields in a block
-  switch (t) {
-    case GGMLType::Q4_0: case GGMLType::Q5_0: case GGMLType::Q8_0: halves = {0}; break;
-    case GGMLType::Q4_1: case GGMLType::Q5_1: case GGMLType::Q4_K: case GGMLType::Q5_K: halves = {0, 2}; break;
-    case GGMLType::Q2_K: halves = {80, 82}; break;
-    case GGMLType::Q3_K: halves = {108}; break;
-    case GGMLType::Q6_K: halves = {208}; break;
-    default: ADD_FAILURE() << "no block builder for " << focus::io::type_name(t);
-  }
+  const std::vector<size_t> halves = fp16_fields(t);
   for (size_t b = 0; b + bb <= data.size(); b += bb)
     for (size_t h : halves) put16(data.data() + b + h, random_scale(rng));
   return data;
@@ -109,15 +113,7 @@ std::vector<uint8_t> extreme_weight(GGMLType t, int64_t rows, int64_t cols, std:
   std::vector<uint8_t> scales = data;  // random_weight's blocks, whose fp16 fields are kept
   const uint8_t fills[] = {0xFF, 0x00, 0x80, 0x7F};
   for (int64_t r = 0; r < rows; ++r) std::fill_n(data.begin() + (ptrdiff_t)(r * rb), rb, fills[r % 4]);
-  std::vector<size_t> halves;
-  switch (t) {
-    case GGMLType::Q4_0: case GGMLType::Q5_0: case GGMLType::Q8_0: halves = {0}; break;
-    case GGMLType::Q4_1: case GGMLType::Q5_1: case GGMLType::Q4_K: case GGMLType::Q5_K: halves = {0, 2}; break;
-    case GGMLType::Q2_K: halves = {80, 82}; break;
-    case GGMLType::Q3_K: halves = {108}; break;
-    case GGMLType::Q6_K: halves = {208}; break;
-    default: ADD_FAILURE() << "no block builder for " << focus::io::type_name(t);
-  }
+  const std::vector<size_t> halves = fp16_fields(t);
   for (size_t b = 0; b + bb <= data.size(); b += bb)
     for (size_t h : halves) std::copy_n(scales.begin() + (ptrdiff_t)(b + h), 2, data.begin() + (ptrdiff_t)(b + h));
   return data;

@@ -212,17 +212,20 @@ nlohmann::json bench_quant_gemm(int64_t M) {
   const std::vector<Shape> shapes = {{"smollm2 q/o 576x576", 576, 576, {T::Q4_1}},
                                      {"smollm2 gate/up 1536x576", 1536, 576, {T::Q4_1}},
                                      {"smollm2 down 576x1536", 576, 1536, {T::Q4_1}},
+                                     {"smollm2 output 49152x576", 49152, 576, {T::Q8_0}},
                                      {"gemma3 q 1024x640", 1024, 640, {T::Q5_0}},
                                      {"gemma3 gate/up 2048x640", 2048, 640, {T::Q5_0, T::Q8_0}},
                                      {"gemma3 o 640x1024", 640, 1024, {T::Q4_K}},
                                      {"gemma3 down 640x2048", 640, 2048, {T::Q4_K, T::Q6_K, T::Q8_0}}};
   nlohmann::json rows = nlohmann::json::array();
   const std::string saved_isa = cpu::quant_isa();
-  if (!cpu::set_quant_isa("avx512vnni")) {
-    std::printf("quant_gemm: this CPU has no AVX-512 VNNI; nothing to time\n");
+  // The best instruction set with an integer GEMM: AVX-512 VNNI, else AVX2.
+  if (!cpu::set_quant_isa("avx512vnni") && !cpu::set_quant_isa("avx2")) {
+    std::printf("quant_gemm: this CPU has neither AVX-512 VNNI nor AVX2; nothing to time\n");
     return rows;
   }
   const cpu::PrefillGemm saved_gemm = cpu::prefill_gemm();
+  std::printf("quant_gemm on %s\n", cpu::quant_isa());
   std::printf("%-26s %-5s %5s %3s %10s %9s %10s %9s %8s\n", "shape", "type", "M", "thr", "int8 ms", "GOP/s",
               "f32 ms", "GFLOP/s", "speedup");
   std::mt19937 rng(12);
@@ -242,7 +245,8 @@ nlohmann::json bench_quant_gemm(int64_t M) {
                   (long long)M, num_threads(), int8_s * 1e3, ops / int8_s / 1e9, f32_s * 1e3, ops / f32_s / 1e9,
                   f32_s / int8_s);
       std::fflush(stdout);
-      rows.push_back({{"shape", s.name}, {"rows", s.rows}, {"cols", s.cols}, {"type", io::type_name(t)}, {"M", M},
+      rows.push_back({{"shape", s.name}, {"rows", s.rows}, {"cols", s.cols}, {"type", io::type_name(t)},
+                      {"isa", cpu::quant_isa()}, {"M", M},
                       {"threads", num_threads()}, {"int8_ms", int8_s * 1e3}, {"int8_gops", ops / int8_s / 1e9},
                       {"dequant_sgemm_ms", f32_s * 1e3}, {"dequant_sgemm_gflops", ops / f32_s / 1e9},
                       {"speedup", f32_s / int8_s}});

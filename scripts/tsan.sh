@@ -6,6 +6,11 @@
 # trainers (routers, distillation, LoRA, training from scratch) run with OpenMP teams of THREADS
 # (default 3: more threads than cores makes more interleavings), every report fatal.
 #   scripts/tsan.sh [BUILD] [DATA] [GTEST_FILTER]
+#   scripts/tsan.sh --kernels [BUILD] [DATA] [GTEST_FILTER]
+# --kernels (what CI runs): only the threaded kernels (attention: dense, grouped, hybrid, soft,
+# attention mass; the quantised matrix-vector products and the integer GEMM) with their tests,
+# built on their own at -O1 into focus_kernel_tests (default BUILD build-tsan-kernels): about a
+# third of the whole build, so that it fits in CI's time.
 # OpenMP's own synchronisation (barriers, reductions, tasks) is made visible to ThreadSanitizer by
 # LLVM's archer tool (libarcher.so, loaded through OMP_TOOL_LIBRARIES); without it every parallel
 # region would report races on the runtime's uninstrumented barriers. OpenBLAS is not instrumented
@@ -13,7 +18,13 @@
 # the buffers it reads or writes are not.
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
+KERNELS=0
+if [ "${1:-}" = --kernels ]; then
+  KERNELS=1
+  shift
+fi
 BUILD=${1:-$ROOT/build-tsan}
+[ "$KERNELS" = 1 ] && BUILD=${1:-$ROOT/build-tsan-kernels}
 DATA=${2:-$(cd "$ROOT/.." && pwd)/shared/data}
 FILTER=${3:-'FlashAttention.*:FocusAttention.*:FocusCachedAttention.*:GroupedAttention.*:GroupedKeyIndex.*:AsymmetricRouting.*:SoftAttentionKernel.*:AttentionMassKernel.*:BlockTopK.*:QuantMatvec*:KvTypes.*:Concurrency.*:Stories260K.*:Distill.*:Retrofit.*:LoraTrain.*:TrainScratch.*:Archs/FullModelGrad.*:Ops*'}
 THREADS=${THREADS:-3}
@@ -28,12 +39,24 @@ if ! command -v clang++ >/dev/null || [ -z "$ARCHER" ]; then
   ARCHER=$(ls /usr/lib/llvm-*/lib/libarcher.so 2>/dev/null | sort -V | tail -1 || true)
   [ -n "$ARCHER" ] || { echo "[tsan] error: libarcher.so not found after installing libomp-dev" >&2; exit 1; }
 fi
-cmake -S "$ROOT" -B "$BUILD" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DFOCUS_TSAN=ON -DFOCUS_TESTS=ON -DFOCUS_BENCH=OFF \
-  -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ >/dev/null
-cmake --build "$BUILD" --target focus focus_tests -j "$JOBS"
+if [ "$KERNELS" = 1 ]; then
+  [ -n "${3:-}" ] || FILTER='*'
+  t0=$(date +%s)
+  cmake -S "$ROOT" -B "$BUILD" -DCMAKE_BUILD_TYPE=None -DCMAKE_C_FLAGS="-O1 -gline-tables-only" \
+    -DCMAKE_CXX_FLAGS="-O1 -gline-tables-only" -DFOCUS_TSAN=ON -DFOCUS_TESTS=ON -DFOCUS_BENCH=OFF \
+    -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ >/dev/null
+  cmake --build "$BUILD" --target focus_kernel_tests -j "$JOBS" >/dev/null
+  echo "tsan.sh: built focus_kernel_tests in $(( $(date +%s) - t0 )) s"
+  TESTS="$BUILD/focus_kernel_tests"
+else
+  cmake -S "$ROOT" -B "$BUILD" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DFOCUS_TSAN=ON -DFOCUS_TESTS=ON -DFOCUS_BENCH=OFF \
+    -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ >/dev/null
+  cmake --build "$BUILD" --target focus focus_tests -j "$JOBS"
+  TESTS="$BUILD/focus_tests"
+fi
 export FOCUS_DATA="$DATA" FOCUS_BIN="$BUILD/focus"
 export OMP_NUM_THREADS="$THREADS" OPENBLAS_NUM_THREADS=1 OMP_TOOL_LIBRARIES="$ARCHER"
 export TSAN_OPTIONS="halt_on_error=1 ignore_noninstrumented_modules=1 second_deadlock_stack=1"
 start=$(date +%s)
-"$BUILD/focus_tests" --gtest_filter="$FILTER" --gtest_brief=1
+"$TESTS" --gtest_filter="$FILTER" --gtest_brief=1
 echo "tsan.sh: no ThreadSanitizer report ($OMP_NUM_THREADS threads, filter $FILTER) in $(( $(date +%s) - start )) s"

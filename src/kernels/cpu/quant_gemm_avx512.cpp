@@ -8,7 +8,9 @@
 // Internal linkage except for the one entry point, as in quant_matvec_avx512.cpp.
 #include <immintrin.h>
 
+#if !defined(__clang__)
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
 
 #include "kernels/cpu/quant_matvec_impl.h"
 

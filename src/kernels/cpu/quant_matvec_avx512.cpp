@@ -11,7 +11,9 @@
 
 // GCC 12's AVX-512 headers build casts and extracts on _mm*_undefined_*() values, which
 // -Wmaybe-uninitialized reports once inlined; the values are never read.
+#if !defined(__clang__)
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
 
 #include "kernels/cpu/quant_matvec_impl.h"
 

@@ -17,7 +17,6 @@ namespace {
 using namespace simd;
 
 constexpr int kB = 64;  // query rows and keys per tile
-constexpr int kBV = kB / kV;  // vectors per tile row
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 static_assert(kB % kV == 0, "a tile row is whole vectors");
 

@@ -100,7 +100,10 @@ for h in "${harnesses[@]}"; do
   set -e
   execs=$(grep -o 'stat::number_of_executed_units: *[0-9]*' "$log" | grep -o '[0-9]*$' | tail -1 || true)
   rate=$(grep -o 'stat::average_exec_per_sec: *[0-9]*' "$log" | grep -o '[0-9]*$' | tail -1 || true)
-  crash=$(grep -o "Test unit written to .*" "$log" | sed 's/Test unit written to //' | tail -1 || true)
+  # libFuzzer also writes inputs slower than -report_slow_units (10 s) as slow-unit-*: kept, named
+  # in the result, not a finding (a stopped or starved process makes them; hangs are -timeout's).
+  crash=$(grep -o "Test unit written to .*" "$log" | sed 's/Test unit written to //' | grep -v '/slow-unit-' | tail -1 || true)
+  slow=$( (grep -o "Test unit written to .*/slow-unit-.*" "$log" || true) | wc -l)
   if [ -z "$crash" ] && grep -q "libFuzzer: run interrupted" "$log"; then
     # Ctrl-C (SIGINT to the harness): libFuzzer stops cleanly with its own exit code; not a finding,
     # and the harnesses after it are not started.
@@ -114,7 +117,9 @@ for h in "${harnesses[@]}"; do
     grep -E "ERROR: |runtime error|SUMMARY|terminate called|what\(\)" "$log" | head -5 | sed 's/^/    /'
     failed+=("$h: ${crash:-exit $rc} (log: $findings/log.txt)")
   else
-    printf "%-22s %12s %10s %s\n" "$h" "${execs:-?}" "${rate:-?}" "ok"
+    note=""
+    [ "$slow" -gt 0 ] && note=" ($slow slow units over 10 s kept in $findings; replay each with $bin FILE)"
+    printf "%-22s %12s %10s %s\n" "$h" "${execs:-?}" "${rate:-?}" "ok$note"
   fi
 done
 if [ ${#failed[@]} -gt 0 ]; then

@@ -10,7 +10,7 @@
 # --kernels (what CI runs): only the threaded kernels (attention: dense, grouped, hybrid, soft,
 # attention mass; the quantised matrix-vector products and the integer GEMM) with their tests,
 # built on their own at -O1 into focus_kernel_tests (default BUILD build-tsan-kernels): about a
-# third of the whole build, so that it fits in CI's time.
+# tenth of the whole build's compile time, so that it fits in CI's.
 # OpenMP's own synchronisation (barriers, reductions, tasks) is made visible to ThreadSanitizer by
 # LLVM's archer tool (libarcher.so, loaded through OMP_TOOL_LIBRARIES); without it every parallel
 # region would report races on the runtime's uninstrumented barriers. OpenBLAS is not instrumented

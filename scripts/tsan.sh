@@ -23,8 +23,7 @@ if [ "${1:-}" = --kernels ]; then
   KERNELS=1
   shift
 fi
-BUILD=${1:-$ROOT/build-tsan}
-[ "$KERNELS" = 1 ] && BUILD=${1:-$ROOT/build-tsan-kernels}
+if [ "$KERNELS" = 1 ]; then BUILD=${1:-$ROOT/build-tsan-kernels}; else BUILD=${1:-$ROOT/build-tsan}; fi
 DATA=${2:-$(cd "$ROOT/.." && pwd)/shared/data}
 FILTER=${3:-'FlashAttention.*:FocusAttention.*:FocusCachedAttention.*:GroupedAttention.*:GroupedKeyIndex.*:AsymmetricRouting.*:SoftAttentionKernel.*:AttentionMassKernel.*:BlockTopK.*:QuantMatvec*:KvTypes.*:Concurrency.*:Stories260K.*:Distill.*:Retrofit.*:LoraTrain.*:TrainScratch.*:Archs/FullModelGrad.*:Ops*'}
 THREADS=${THREADS:-3}
@@ -54,7 +53,8 @@ else
   cmake --build "$BUILD" --target focus focus_tests -j "$JOBS"
   TESTS="$BUILD/focus_tests"
 fi
-export FOCUS_DATA="$DATA" FOCUS_BIN="$BUILD/focus"
+export FOCUS_DATA="$DATA"
+[ "$KERNELS" = 1 ] || export FOCUS_BIN="$BUILD/focus"  # (the kernel tests run no binary)
 export OMP_NUM_THREADS="$THREADS" OPENBLAS_NUM_THREADS=1 OMP_TOOL_LIBRARIES="$ARCHER"
 export TSAN_OPTIONS="halt_on_error=1 ignore_noninstrumented_modules=1 second_deadlock_stack=1"
 start=$(date +%s)

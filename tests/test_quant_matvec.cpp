@@ -64,8 +64,6 @@ uint16_t random_scale(std::mt19937& rng) {
   return focus::io::fp32_to_fp16(v);
 }
 
-// Bytes of a [rows, cols] weight of type t: random quant bytes with finite random fp16 scales, or
-// random values for the float types.
 // Offsets of the fp16 fields (scales, minima) in a block of quantised type t.
 std::vector<size_t> fp16_fields(GGMLType t) {
   switch (t) {
@@ -78,6 +76,8 @@ std::vector<size_t> fp16_fields(GGMLType t) {
   }
 }
 
+// Bytes of a [rows, cols] weight of type t: random quant bytes with finite random fp16 scales, or
+// random values for the float types.
 std::vector<uint8_t> random_weight(GGMLType t, int64_t rows, int64_t cols, std::mt19937& rng) {
   const size_t rb = focus::io::row_bytes(t, cols);
   std::vector<uint8_t> data(rb * (size_t)rows);

@@ -145,6 +145,11 @@ Expect reference(const Weight& W, const std::vector<float>& x, int64_t M) {
   e.quant.assign((size_t)(M * N), 0.0);
   e.rounding.assign((size_t)(M * N), 0.0);
   const bool flt = is_float_type(W.type);
+  // Types whose quants carry a fixed offset (Q8_0's kernels may add 128 to make them unsigned and
+  // take 128 d * sum(x) off again; Q4_0's -8 d, Q5_0's -16 d): the rounding of that cancellation
+  // scales with offset * |d| even where every weight of the block is 0.
+  const double offset = W.type == GGMLType::Q8_0 ? 128 : W.type == GGMLType::Q5_0 ? 16 : W.type == GGMLType::Q4_0 ? 8 : 0;
+  const size_t rb = focus::io::row_bytes(W.type, K), bb = flt ? 0 : focus::io::type_block_bytes(W.type);
   std::vector<float> d((size_t)(K / B));
   for (int64_t m = 0; m < M; ++m) {
     const float* xr = x.data() + m * K;
@@ -161,6 +166,10 @@ Expect reference(const Weight& W, const std::vector<float>& x, int64_t M) {
           for (int64_t k = b * B; k < (b + 1) * B; ++k) {
             sw += std::fabs(wr[k]);
             amax = std::max(amax, (double)std::fabs(wr[k]));
+          }
+          if (offset > 0) {  // blocks of 32 (= B), the fp16 d first
+            const uint8_t* blk = (const uint8_t*)W.data + (size_t)n * rb + (size_t)b * bb;
+            amax = std::max(amax, offset * std::fabs((double)focus::io::fp16_to_fp32((uint16_t)(blk[0] | blk[1] << 8))));
           }
           q += d[b] / 2.0 * sw;
           for (int64_t k = b * B; k < (b + 1) * B; ++k) r += amax * (std::fabs(xr[k]) + d[b]);

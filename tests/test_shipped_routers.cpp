@@ -41,6 +41,8 @@ Shipped load_shipped(const std::string& name, int64_t n_tokens) {
   s.m = load_model(smollm2_path(), lo);
   s.f = load_focus(shipped(name), s.m->cfg);
   s.f.settings.mode = FocusMode::Hard;
+  // The smaller shapes: a local window of 128 (sequences of 384 tokens instead of 768-1536).
+  if (test::small_shapes()) s.f.settings.local_window = std::min<int64_t>(s.f.settings.local_window, 128);
   s.plan = focus_plan(s.m->cfg, s.f);
   s.ids = io::load_text_tokens(*s.m->tok, {test::book("pg-345-dracula.txt")}, n_tokens);
   return s;

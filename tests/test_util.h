@@ -18,6 +18,29 @@
 
 namespace focus::test {
 
+// Built with AddressSanitizer or ThreadSanitizer, where the code runs 10-30x slower: the slowest
+// tests (whole real models, long references, long resumes) check smaller shapes there (small_shapes()
+// below), so that CI runs every test sanitized. The plain build runs the full shapes.
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+inline constexpr bool kSanitized = true;
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
+inline constexpr bool kSanitized = true;
+#else
+inline constexpr bool kSanitized = false;
+#endif
+#else
+inline constexpr bool kSanitized = false;
+#endif
+// The smaller shapes: sanitized, or FOCUS_TEST_SMALL_SHAPES=1 (to check them in a plain build).
+inline bool small_shapes() {
+  static const bool small = kSanitized || [] {
+    const char* e = std::getenv("FOCUS_TEST_SMALL_SHAPES");
+    return e && std::string(e) == "1";
+  }();
+  return small;
+}
+
 // ../shared/data beside the checkout, or $FOCUS_DATA.
 inline std::string data_dir() {
   if (const char* e = std::getenv("FOCUS_DATA")) return e;

@@ -96,12 +96,13 @@ double head_loss(const Model& m, const float* x, const TrainWindow& w, float los
   std::vector<float> dh(dx ? T * D : 0);
   double nll = 0;
   int64_t n = 0;
+  // Each row's NLL, summed in row order after the parallel loop (an OpenMP reduction adds the
+  // threads' partial sums in the order they arrive, so the last bits would change from run to run).
+  std::vector<double> row_nll(chunk);
   for (int64_t r0 = 0; r0 < T; r0 += chunk) {
     const int64_t rows = std::min(chunk, T - r0);
     cpu::linear(h.data() + r0 * D, m.w.lm_head, nullptr, logits.data(), rows, D, V);
-    double part = 0;
-    int64_t cnt = 0;
-#pragma omp parallel for schedule(static) reduction(+ : part, cnt)
+#pragma omp parallel for schedule(static)
     for (int64_t r = 0; r < rows; ++r) {
       float* lr = logits.data() + r * V;
       const int32_t tgt = w.targets[r0 + r];
@@ -114,15 +115,19 @@ double head_loss(const Model& m, const float* x, const TrainWindow& w, float los
       double s = 0;
       for (int64_t i = 0; i < V; ++i) s += std::exp((double)lr[i] - mx);
       const double lse = mx + std::log(s);
-      part += lse - lr[tgt];
-      ++cnt;
+      row_nll[r] = lse - lr[tgt];
       if (dx) {
         for (int64_t i = 0; i < V; ++i) lr[i] = (float)(std::exp((double)lr[i] - lse) * loss_scale);
         lr[tgt] -= loss_scale;
       }
     }
+    double part = 0;
+    for (int64_t r = 0; r < rows; ++r)
+      if (w.targets[r0 + r] >= 0) {
+        part += row_nll[r];
+        ++n;
+      }
     nll += part;
-    n += cnt;
     if (dx) cpu::linear_backward_input(logits.data(), m.w.lm_head, dh.data() + r0 * D, rows, D, V, false);
     if (dx && mg) cpu::linear_backward_weight(logits.data(), h.data() + r0 * D, mg->lm_head, nullptr, rows, D, V);
   }

@@ -187,7 +187,7 @@ PretrainResult run_pretrain(const PretrainOptions& o) {
   for (const auto& r : routers.routers) res.router_params += (int64_t)r.params.size();
   res.flops_per_token = flops_per_token(m.cfg, o.ctx);
   res.model_gflops = res.flops_per_token * res.tokens_per_s / 1e9;
-  if (res.steps > 0 && !lr.interrupted) {
+  if (o.measure_peak && res.steps > 0 && !lr.interrupted) {
     res.sgemm_gflops = cpu::sgemm_gflops(2048, 2048, 2048, 3);
     res.mfu = res.model_gflops / res.sgemm_gflops;
   }

@@ -24,6 +24,7 @@ struct PretrainOptions : TrainOptions {
   std::string balance = "none";  // with focus: none | swav (the SwAV loss on the router scores)
   float balance_weight = 0.1f;
   bool router_detach = false;  // with focus: the routers' gradient does not flow into the model
+  bool measure_peak = true;    // time the sgemm peak after training (sgemm_gflops, mfu below)
   PretrainOptions() {
     adam.lr = 1e-3f;
     adam.beta2 = 0.95f;
@@ -42,7 +43,8 @@ struct PretrainResult : TrainStats {
   double flops_per_token = 0;  // useful training FLOPs per token (forward + backward, 6 per weight
                                // and multiply, plus causal attention)
   double model_gflops = 0;     // flops_per_token * tokens_per_s / 1e9
-  double sgemm_gflops = 0;     // the sgemm peak measured after training (2048^3, same threads)
+  double sgemm_gflops = 0;     // the sgemm peak measured after training (2048^3, same threads; 0
+                               // without measure_peak)
   double mfu = 0;              // model_gflops / sgemm_gflops
   std::string arch;  // the preset, or the config's model type
   std::string model_dir, routers_dir;

@@ -15,8 +15,10 @@
 # trainers, at -O1 into focus_threaded_tests (default BUILD build-tsan-ci; no command-line
 # binary), the trainers on the smaller shapes of tests/test_util.h. Its default filter leaves out
 # what repeats the same threaded code at more cost: six of the ten integer types of the quantised
-# kernels (they thread alike), decoding from group runs, the resume tests of retrofit (three
-# balances) and of training from scratch (five architectures), and the tests that run the binary.
+# kernels (they thread alike), decoding from group runs, the symmetric kernel's long references
+# (its small shapes stay), the resume tests of retrofit (three balances), LoRA and training from
+# scratch (five architectures), retrofit from saved routers and with a checkpoint every step, and
+# the tests that run the binary.
 # OpenMP's own synchronisation (barriers, reductions, tasks) is made visible to ThreadSanitizer by
 # LLVM's archer tool (libarcher.so, loaded through OMP_TOOL_LIBRARIES); without it every parallel
 # region would report races on the runtime's uninstrumented barriers. OpenBLAS is not instrumented
@@ -53,7 +55,9 @@ if [ "$KERNELS" = 1 ]; then
   if [ -z "${3:-}" ] && [ "$TARGET" = focus_kernel_tests ]; then FILTER='*'; fi
   if [ -z "${3:-}" ] && [ "$TARGET" = focus_threaded_tests ]; then
     FILTER='*-GroupedAttention.DecodingFromGroupRunsMatchesReference:Retrofit.InterruptedRunResumesToTheSameBits'
-    FILTER+=':TrainScratch.ResumeGivesTheBitsOfAnUninterruptedRun:*CommandLine*'
+    FILTER+=':TrainScratch.ResumeGivesTheBitsOfAnUninterruptedRun:*CommandLine*:FocusAttention.N*MatchesReference'
+    FILTER+=':Retrofit.InitContinuesFromSavedRouters:Retrofit.ElapsedTimeIsWallTimeWithCheckpointsEveryStep'
+    FILTER+=':LoraTrain.InterruptedRunResumesToTheSameBits'
     for t in Q2_K Q3_K Q4_0 Q5_0 Q5_1 Q5_K; do FILTER+=":QuantMatvec/QuantMatvecType.*/$t"; done
   fi
   t0=$(date +%s)

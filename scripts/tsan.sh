@@ -26,11 +26,11 @@
 # the buffers it reads or writes are not.
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
-KERNELS=0
+LEAN=0  # 1: one of the lean -O1 targets below (--kernels, --ci) instead of the whole build
 TARGET=focus_tests
 case "${1:-}" in
-  --kernels) KERNELS=1; TARGET=focus_kernel_tests; shift ;;
-  --ci) KERNELS=1; TARGET=focus_threaded_tests; shift ;;
+  --kernels) LEAN=1; TARGET=focus_kernel_tests; shift ;;
+  --ci) LEAN=1; TARGET=focus_threaded_tests; shift ;;
 esac
 case "$TARGET" in
   focus_kernel_tests) BUILD=${1:-$ROOT/build-tsan-kernels} ;;
@@ -51,7 +51,7 @@ if ! command -v clang++ >/dev/null || [ -z "$ARCHER" ]; then
   ARCHER=$(ls /usr/lib/llvm-*/lib/libarcher.so 2>/dev/null | sort -V | tail -1 || true)
   [ -n "$ARCHER" ] || { echo "[tsan] error: libarcher.so not found after installing libomp-dev" >&2; exit 1; }
 fi
-if [ "$KERNELS" = 1 ]; then
+if [ "$LEAN" = 1 ]; then
   if [ -z "${3:-}" ] && [ "$TARGET" = focus_kernel_tests ]; then FILTER='*'; fi
   if [ -z "${3:-}" ] && [ "$TARGET" = focus_threaded_tests ]; then
     FILTER='*-GroupedAttention.DecodingFromGroupRunsMatchesReference:Retrofit.InterruptedRunResumesToTheSameBits'
@@ -74,7 +74,7 @@ else
   TESTS="$BUILD/focus_tests"
 fi
 export FOCUS_DATA="$DATA"
-[ "$KERNELS" = 1 ] || export FOCUS_BIN="$BUILD/focus"  # (the kernel and CI targets run no binary)
+[ "$LEAN" = 1 ] || export FOCUS_BIN="$BUILD/focus"  # (the kernel and CI targets run no binary)
 export OMP_NUM_THREADS="$THREADS" OPENBLAS_NUM_THREADS=1 OMP_TOOL_LIBRARIES="$ARCHER"
 export TSAN_OPTIONS="halt_on_error=1 ignore_noninstrumented_modules=1 second_deadlock_stack=1"
 start=$(date +%s)

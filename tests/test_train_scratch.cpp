@@ -68,15 +68,15 @@ TEST(TrainScratch, ResumeGivesTheBitsOfAnUninterruptedRun) {
   const int64_t steps = small ? 4 : 6;
   for (auto [arch, attention] : {std::pair<const char*, const char*>{"mha", "dense"}, {"gqa", "focus"}, {"mqa", "dense"},
                                 {"local-global", "focus"}, {"mla", "focus"}}) {
-    PretrainOptions a = small_run("focus_train_whole", arch, attention);
-    a.balance = "swav";
-    a.steps = steps;
-    if (small) a.ctx = 32;
-    const PretrainResult ra = run_pretrain(a);
-    PretrainOptions b = small_run("focus_train_parts", arch, attention);
-    b.balance = "swav";
-    b.steps = steps;
-    if (small) b.ctx = 32;
+    auto options = [&](const char* name) {
+      PretrainOptions o = small_run(name, arch, attention);
+      o.balance = "swav";
+      o.steps = steps;
+      if (small) o.ctx = 32;
+      return o;
+    };
+    const PretrainResult ra = run_pretrain(options("focus_train_whole"));
+    PretrainOptions b = options("focus_train_parts");
     b.stop_after = steps / 2;
     EXPECT_TRUE(run_pretrain(b).interrupted);
     b.stop_after = 0;

@@ -213,7 +213,7 @@ void check_real_model(const std::string& path, GGMLType q_type) {
   // move the log-probabilities a little (measured over 300 tokens of decoding: mean |change| 0.066
   // nats, NLL +0.8% for SmolLM2; 0.046, +0.4% for Gemma 3). A kernel error (a dropped min or
   // offset term) moves them by whole nats.
-  const int64_t P = test::small_shapes() ? 24 : 12;
+  const int64_t P = test::small_shapes() ? 24 : 12;  // prefill P tokens, then decode the rest
   const std::vector<double> lb = decode_logprobs(*b, ids, P);
   const auto [mean_abs, rel] = logprob_change(decode_logprobs(*a, ids, P), lb);
   EXPECT_LT(mean_abs, 0.1) << path;

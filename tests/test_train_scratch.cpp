@@ -68,7 +68,7 @@ TEST(TrainScratch, ResumeGivesTheBitsOfAnUninterruptedRun) {
   const int64_t steps = small ? 4 : 6;
   for (auto [arch, attention] : {std::pair<const char*, const char*>{"mha", "dense"}, {"gqa", "focus"}, {"mqa", "dense"},
                                 {"local-global", "focus"}, {"mla", "focus"}}) {
-    auto options = [&](const char* name) {
+    auto options = [&, arch = arch, attention = attention](const char* name) {  // (clang 14: no captured bindings)
       PretrainOptions o = small_run(name, arch, attention);
       o.balance = "swav";
       o.steps = steps;

@@ -80,7 +80,7 @@ void project_rows(const float* wt, int64_t nv, int64_t c0, int64_t c1, const flo
 // not the arithmetic, are the cost) split the columns over the threads instead.
 void project_all(const float* wt, int64_t nv, const float* x, int64_t n, int64_t D, int64_t dg, float* r, bool par) {
   constexpr int64_t kNr = 4;
-  if (n < kNr && par && nv >= 8) {
+  if (n < kNr && par && nv >= 2) {
 #pragma omp parallel
     {
       const int64_t nt = omp_get_num_threads(), t = omp_get_thread_num();

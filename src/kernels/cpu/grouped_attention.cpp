@@ -4,6 +4,7 @@
 #include <atomic>
 #include <cmath>
 #include <cstring>
+#include <exception>
 #include <limits>
 #include <numeric>
 #include <omp.h>
@@ -634,6 +635,8 @@ void gathered_decode(const float* q, const E* k, const E* v, float* o, float* ls
     int64_t t, h0, nh;
     int64_t far_rh = -1;  // the routing head of its far-pair terms, -1 without
     float far_eq = 0.f;
+    int64_t g0 = 0, g1 = 0;  // its list's group members: keys [g0, g1)
+    int64_t bad_far = -1;    // a block key whose far-pair term is not finite, or -1
   };
   // One slice of a unit: rows idx[0 .. len) of kb, vb (stride elements apart); rows [f0, f1) are
   // group keys whose far-pair terms are those of positions pos[f0 .. f1).
@@ -676,23 +679,37 @@ void gathered_decode(const float* q, const E* k, const E* v, float* o, float* ls
   tasks.clear();
   std::vector<int64_t>& first = scratch.first;
   first.assign(U + 1, 0);
+  // Each unit's list of keys read by position (the sinks, the groups without runs, the blocks):
+  // with blocks, the units' lists are made side by side (the block union of one unit is a few
+  // microseconds of serial work, repeated for every kv head of every layer of a decoding step).
+  std::exception_ptr failed;
+#pragma omp parallel for schedule(dynamic, 1) if (U > 1 && with_groups && r.kb > 0)
+  for (int64_t u = 0; u < U; ++u) {
+    Unit& un = units[u];
+    try {
+      const int64_t rh = route_of(s, r, un.h0);
+      row_keys(s, r, idx, un.t, un.h0, with_groups && !runs, keys[u], &un.g0, &un.g1, /*window=*/false);
+      bias[u].clear();
+      if (with_groups && r.far_q) {
+        un.far_rh = rh;
+        un.far_eq = r.far_q[rh][un.t];
+      }
+      // With far-pair terms a bias made for block keys carries the groups' terms too (g0 .. g1).
+      if (with_groups && r.kb > 0)
+        un.bad_far = add_unit_block_keys(s, r, idx, un.t, un.h0, un.nh, keys[u], bias[u],
+                                         un.far_rh >= 0 ? r.far_k[rh] : nullptr, un.far_eq, un.g0, un.g1);
+    } catch (...) {
+#pragma omp critical(focus_gathered_decode_failed)
+      if (!failed) failed = std::current_exception();
+    }
+  }
+  if (failed) std::rethrow_exception(failed);
   int64_t n_parts = 0;
   for (int64_t u = 0; u < U; ++u) {
     Unit& un = units[u];
-    const int64_t kvh = un.h0 / hpk, rh = route_of(s, r, un.h0);
-    int64_t g0 = 0, g1 = 0;
-    row_keys(s, r, idx, un.t, un.h0, with_groups && !runs, keys[u], &g0, &g1, /*window=*/false);
-    bias[u].clear();
-    if (with_groups && r.far_q) {
-      un.far_rh = rh;
-      un.far_eq = r.far_q[rh][un.t];
-    }
-    // With far-pair terms a bias made for block keys carries the groups' terms too (g0 .. g1).
-    if (with_groups && r.kb > 0) {
-      const int64_t j = add_unit_block_keys(s, r, idx, un.t, un.h0, un.nh, keys[u], bias[u],
-                                            un.far_rh >= 0 ? r.far_k[rh] : nullptr, un.far_eq, g0, g1);
-      FOCUS_CHECK(j < 0, "grouped attention: far-pair term of key ", j, " (routing head ", rh, ") is ", r.far_k[rh][j]);
-    }
+    const int64_t kvh = un.h0 / hpk, rh = route_of(s, r, un.h0), g0 = un.g0, g1 = un.g1;
+    if (const int64_t j = un.bad_far; j >= 0)
+      FOCUS_CHECK(false, "grouped attention: far-pair term of key ", j, " (routing head ", rh, ") is ", r.far_k[rh][j]);
     const int64_t n = (int64_t)keys[u].size();
     for (int64_t m0 = 0; m0 < n; m0 += kSlice) {
       const int64_t len = std::min(kSlice, n - m0), c = m0 / kSlice;

@@ -116,8 +116,16 @@ TEST_P(ShippedRouters, SparseCausalAndDecodesLikePrefill) {
   c.init(s.m->cfg, n);
   std::vector<float> h(n * D);
   forward(*s.m, ids.data(), n - 20, c, h.data(), &s.plan);
-  for (int64_t i = n - 20; i < n; ++i) forward(*s.m, ids.data() + i, 1, c, h.data() + i * D, &s.plan);
+  AttentionStats dst;
+  std::vector<std::vector<int32_t>> dgroups;
+  dst.groups = &dgroups;
+  for (int64_t i = n - 20; i < n; ++i) forward(*s.m, ids.data() + i, 1, c, h.data() + i * D, &s.plan, &dst);
   EXPECT_LT(max_abs_diff(h, full, (size_t)((n - 20) * D)), 1e-3);
+  // Asymmetric routers: the keys decoded one at a time join the groups the prefill gave them.
+  if (s.f.settings.asymmetric) {
+    ASSERT_EQ(dgroups.size(), fgroups.size());
+    for (size_t l = 0; l < dgroups.size(); ++l) EXPECT_EQ(dgroups[l], fgroups[l]) << "layer " << l;
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Folders, ShippedRouters,

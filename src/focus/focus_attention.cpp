@@ -649,7 +649,7 @@ class AsymmetricFocusAttention final : public AttentionPolicy {
       cpu::grouped_attention(a.q, a.k, a.v, a.out, nullptr, s, routing, ks->index, stats ? &pairs : nullptr);
     }
     if (!stats) return;
-    if (stats->groups && a.pos0 == 0) {
+    if (stats->groups) {
       if ((int64_t)stats->groups->size() < c.layers) stats->groups->resize(c.layers);
       (*stats->groups)[a.layer] = ks->index.key_group[0];
     }

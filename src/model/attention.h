@@ -34,7 +34,9 @@ struct AttentionStats {
   double load_max_over_mean = 0;  // worst layer's largest group / mean group size
   int64_t layers = 0;
   // When not null, routing policies store each routed layer's memberships of the last prefill
-  // here: (*groups)[layer] = [T, topk] group ids (other layers stay empty).
+  // here: (*groups)[layer] = [T, topk] group ids (other layers stay empty). Asymmetric routers
+  // store their keys' groups under routing head 0 after every call, a decoding step's too: the
+  // groups of all n keys in the cache so far.
   std::vector<std::vector<int32_t>>* groups = nullptr;
   double density() const { return causal_pairs > 0 ? computed_pairs / causal_pairs : 1.0; }
 };

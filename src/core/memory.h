@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <new>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -39,6 +40,9 @@ struct MemoryNeed {
 void* huge_page_alloc(size_t bytes);
 void huge_page_free(void* p) noexcept;
 
+// Elements made without a value are default-initialised: a vector<float, HugePageAllocator<float>>
+// of n elements holds n unset floats, which its owner fills (KVCache::init zeroes its arrays from
+// every thread, so that the pages are first touched, and cleared by the system, side by side).
 template <class T>
 struct HugePageAllocator {
   using value_type = T;
@@ -47,6 +51,14 @@ struct HugePageAllocator {
   HugePageAllocator(const HugePageAllocator<U>&) {}
   T* allocate(size_t n) { return static_cast<T*>(huge_page_alloc(n * sizeof(T))); }
   void deallocate(T* p, size_t) noexcept { huge_page_free(p); }
+  template <class U>
+  void construct(U* p) noexcept(std::is_nothrow_default_constructible_v<U>) {
+    ::new (static_cast<void*>(p)) U;
+  }
+  template <class U, class... A>
+  void construct(U* p, A&&... a) {
+    ::new (static_cast<void*>(p)) U(std::forward<A>(a)...);
+  }
   template <class U>
   bool operator==(const HugePageAllocator<U>&) const { return true; }
 };

@@ -26,11 +26,11 @@ void KVCache::init(const ModelConfig& c, int64_t cap, cpu::KvType t) {
   // touch theirs side by side instead of one thread touching all.
   std::vector<std::pair<char*, size_t>> arrays;
   auto make = [&](auto& rows) {
-    using R = typename std::decay_t<decltype(rows)>::value_type;
+    using E = typename std::decay_t<decltype(rows)>::value_type::value_type;
     rows.reserve(c.layers);
     for (int64_t l = 0; l < c.layers; ++l) {
       rows.emplace_back(cap * kv_dim);
-      arrays.emplace_back(reinterpret_cast<char*>(rows.back().data()), rows.back().size() * sizeof(typename R::value_type));
+      arrays.emplace_back(reinterpret_cast<char*>(rows.back().data()), rows.back().size() * sizeof(E));
     }
   };
   if (t == cpu::KvType::F32) {

@@ -6,7 +6,6 @@
 #include <cstdint>
 #include <new>
 #include <string>
-#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -51,13 +50,10 @@ struct HugePageAllocator {
   HugePageAllocator(const HugePageAllocator<U>&) {}
   T* allocate(size_t n) { return static_cast<T*>(huge_page_alloc(n * sizeof(T))); }
   void deallocate(T* p, size_t) noexcept { huge_page_free(p); }
+  // (Construction with a value goes through std::allocator_traits' own placement new.)
   template <class U>
-  void construct(U* p) noexcept(std::is_nothrow_default_constructible_v<U>) {
+  void construct(U* p) {
     ::new (static_cast<void*>(p)) U;
-  }
-  template <class U, class... A>
-  void construct(U* p, A&&... a) {
-    ::new (static_cast<void*>(p)) U(std::forward<A>(a)...);
   }
   template <class U>
   bool operator==(const HugePageAllocator<U>&) const { return true; }

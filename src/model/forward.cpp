@@ -1,7 +1,6 @@
 // The inference forward pass: embeddings, the blocks (block.h) over the KV cache, the final norm.
 #include <algorithm>
 #include <cstring>
-#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -24,13 +23,15 @@ void KVCache::init(const ModelConfig& c, int64_t cap, cpu::KvType t) {
   // Each layer's arrays are allocated unset, then zeroed in 2 MiB pieces by every thread: the
   // system clears each page on its first touch (hundreds of MB at ctx 8192), and the threads
   // touch theirs side by side instead of one thread touching all.
-  std::vector<std::pair<char*, size_t>> arrays;
+  constexpr size_t kPiece = size_t{2} << 20;
+  std::vector<std::pair<char*, size_t>> pieces;  // (start, bytes): every 2 MiB of every array
   auto make = [&](auto& rows) {
-    using E = typename std::decay_t<decltype(rows)>::value_type::value_type;
     rows.reserve(c.layers);
     for (int64_t l = 0; l < c.layers; ++l) {
-      rows.emplace_back(cap * kv_dim);
-      arrays.emplace_back(reinterpret_cast<char*>(rows.back().data()), rows.back().size() * sizeof(E));
+      auto& a = rows.emplace_back(cap * kv_dim);
+      char* p = reinterpret_cast<char*>(a.data());
+      const size_t n = a.size() * sizeof(a[0]);
+      for (size_t o = 0; o < n; o += kPiece) pieces.emplace_back(p + o, std::min(kPiece, n - o));
     }
   };
   if (t == cpu::KvType::F32) {
@@ -40,10 +41,6 @@ void KVCache::init(const ModelConfig& c, int64_t cap, cpu::KvType t) {
     make(k16);
     if (!shared) make(v16);
   }
-  constexpr size_t kPiece = size_t{2} << 20;
-  std::vector<std::pair<char*, size_t>> pieces;
-  for (const auto& [p, n] : arrays)
-    for (size_t o = 0; o < n; o += kPiece) pieces.emplace_back(p + o, std::min(kPiece, n - o));
   const int64_t np = (int64_t)pieces.size();
 #pragma omp parallel for schedule(static) if (np > 1)
   for (int64_t i = 0; i < np; ++i) std::memset(pieces[i].first, 0, pieces[i].second);

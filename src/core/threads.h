@@ -1,6 +1,7 @@
 // Thread count control (OpenMP, shared with OpenBLAS's OpenMP build). Nothing in the library sets
 // the thread count on its own: the program calls set_threads (the focus command from -t).
 #pragma once
+#include <cstdint>
 
 namespace focus {
 // Sets the number of threads used by our kernels and BLAS; n <= 0 means all cores.
@@ -12,4 +13,18 @@ int num_threads();
 // kernels ("SkylakeX") when this CPU has AVX-512 F, BW, DQ and VL, else nullptr. A query only:
 // a program that wants those kernels sets the variable before OpenBLAS loads (see cli/process.h).
 const char* preferred_blas_coretype();
+
+// body(i) for i in [0, n): split over the threads (static schedule) when `parallel`, else on the
+// calling thread with no OpenMP region at all. A region whose `if` clause is false still makes
+// and frees a team of one thread in libgomp (about 0.4 us): a decoding step has hundreds of loops
+// too small for threads. The iterations must be independent and body must not throw.
+template <class F>
+inline void parallel_for(int64_t n, bool parallel, F&& body) {
+  if (!parallel) {
+    for (int64_t i = 0; i < n; ++i) body(i);
+    return;
+  }
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < n; ++i) body(i);
+}
 }  // namespace focus

@@ -9,6 +9,7 @@
 
 #include "core/error.h"
 #include "core/rng.h"
+#include "core/threads.h"
 #include "kernels/cpu/simd.h"
 
 namespace focus {
@@ -255,8 +256,7 @@ void router_forward(const RouterParams& rp, const float* x, int64_t n, RouterCac
     for (int64_t i = 0; i < n; ++i) std::copy_n(projected + i * projected_stride, dg, cache.r_hat.data() + i * dg);
   else
     project(W, x, n, D, dg, cache.r_hat.data(), par);
-#pragma omp parallel for schedule(static) if (par)
-  for (int64_t i = 0; i < n; ++i) {
+  parallel_for(n, par, [&](int64_t i) {
     float* u = cache.r_hat.data() + i * dg;  // r_i, then normalised in place
     float n2 = 0.f;
     for (int64_t a = 0; a < dg; ++a) n2 += u[a] * u[a];
@@ -271,12 +271,12 @@ void router_forward(const RouterParams& rp, const float* x, int64_t n, RouterCac
       s[g] = c * inv_tau;
       mx = std::max(mx, s[g] + b[g]);
     }
-    if (!probs) continue;
+    if (!probs) return;
     float* p = cache.p.data() + i * G;
     float sum = 0.f;
     for (int64_t g = 0; g < G; ++g) sum += (p[g] = std::exp(s[g] + b[g] - mx));
     for (int64_t g = 0; g < G; ++g) p[g] /= sum;
-  }
+  });
 }
 
 void router_backward(const RouterParams& rp, const float* x, const RouterCache& cache, const float* dp,

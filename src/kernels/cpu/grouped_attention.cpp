@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "core/threads.h"
 #include "kernels/cpu/decode_slices.h"
 #include "kernels/cpu/simd.h"
 #include "kernels/cpu/sparse_attention.h"
@@ -61,17 +62,12 @@ void check_slot_lists(const AttnShape& s, const int32_t* lists, int64_t k, int64
   const bool par = count * k > (int64_t{1} << 16);
   // Each thread's marks, allocated before the team starts (nothing may throw inside it).
   std::vector<std::vector<int64_t>> marks(par ? omp_get_max_threads() : 1, std::vector<int64_t>(n, -1));
-#pragma omp parallel if (par)
-  {
-    std::vector<int64_t>& seen = marks[omp_get_thread_num()];
-#pragma omp for schedule(static)
-    for (int64_t list = 0; list < count; ++list) {
-      if (list_ok(list, seen)) continue;
-      int64_t b = first_bad.load();
-      while (list < b && !first_bad.compare_exchange_weak(b, list)) {
-      }
+  parallel_for(count, par, [&](int64_t list) {
+    if (list_ok(list, marks[par ? omp_get_thread_num() : 0])) return;
+    int64_t b = first_bad.load();
+    while (list < b && !first_bad.compare_exchange_weak(b, list)) {
     }
-  }
+  });
   const int64_t list = first_bad.load();
   if (list == count) return;
   const int64_t t = list / s.heads, h = list % s.heads;

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "core/threads.h"
 #include "kernels/cpu/quant_matvec.h"
 #include "kernels/cpu/simd.h"
 
@@ -212,8 +213,7 @@ double sum_squares(const float* x, int64_t n) {
 }  // namespace
 
 void rmsnorm(const float* x, const float* w, float* out, int64_t rows, int64_t dim, float eps) {
-#pragma omp parallel for schedule(static) if (rows > 16)
-  for (int64_t r = 0; r < rows; ++r) {
+  parallel_for(rows, rows > 16, [&](int64_t r) {
     const float* xr = x + r * dim;
     float* o = out + r * dim;
     const double ss = sum_squares(xr, dim);
@@ -222,7 +222,7 @@ void rmsnorm(const float* x, const float* w, float* out, int64_t rows, int64_t d
       for (int64_t i = 0; i < dim; ++i) o[i] = xr[i] * inv * w[i];
     else
       for (int64_t i = 0; i < dim; ++i) o[i] = xr[i] * inv;
-  }
+  });
 }
 
 // y_i = x_i r w_i with r = (mean(x^2) + eps)^-1/2. With g_i = w_i dy_i:
@@ -276,8 +276,7 @@ void layernorm_backward_weight(const float* x, const float* dy, float* dw, float
 }
 
 void layernorm(const float* x, const float* w, const float* b, float* out, int64_t rows, int64_t dim, float eps) {
-#pragma omp parallel for schedule(static) if (rows > 16)
-  for (int64_t r = 0; r < rows; ++r) {
+  parallel_for(rows, rows > 16, [&](int64_t r) {
     const float* xr = x + r * dim;
     float* o = out + r * dim;
     double s = 0;
@@ -288,7 +287,7 @@ void layernorm(const float* x, const float* w, const float* b, float* out, int64
     const float inv = (float)(1.0 / std::sqrt(v / dim + eps));
     const float m = (float)mean;
     for (int64_t i = 0; i < dim; ++i) o[i] = (xr[i] - m) * inv * (w ? w[i] : 1.0f) + (b ? b[i] : 0.0f);
-  }
+  });
 }
 
 // xhat = (x - mu) r; y = xhat w + b. With g = w dy: dx = r (g - mean(g) - xhat mean(g xhat)).
@@ -364,8 +363,7 @@ void rotate_pairs(float* x, int64_t T, int64_t H, int64_t hd, int64_t rot_dim, i
   const int64_t half = rot_dim / 2;
   if (half == 0 || T <= 0) return;
   const float* table = rope_table(theta, rot_dim, pos0 + T);
-#pragma omp parallel for schedule(static) if (T > 4)
-  for (int64_t t = 0; t < T; ++t) {
+  parallel_for(T, T > 4, [&](int64_t t) {
     const float* cs = table + (pos0 + t) * half * 2;
     for (int64_t i = 0; i < half; ++i) {
       const float c = cs[2 * i], s = direction * cs[2 * i + 1];
@@ -378,7 +376,7 @@ void rotate_pairs(float* x, int64_t T, int64_t H, int64_t hd, int64_t rot_dim, i
         v[b] = x0 * s + x1 * c;
       }
     }
-  }
+  });
 }
 }  // namespace
 
@@ -407,12 +405,12 @@ template <class VecF, class ScalarF>
 void map_mul(float* x, const float* mul, int64_t n, VecF&& vf_fn, ScalarF&& sf_fn) {
   using simd::kV;
   const int64_t nv = n / kV * kV;
-#pragma omp parallel for schedule(static) if (n > 65536)
-  for (int64_t i = 0; i < nv; i += kV) {
+  parallel_for(nv / kV, n > 65536, [&](int64_t b) {
+    const int64_t i = b * kV;
     simd::vf r = vf_fn(simd::load(x + i));
     if (mul) r *= simd::load(mul + i);
     simd::store(x + i, r);
-  }
+  });
   for (int64_t i = nv; i < n; ++i) x[i] = sf_fn(x[i]) * (mul ? mul[i] : 1.0f);
 }
 inline float gelu_t_grad(float v) {
@@ -450,8 +448,7 @@ void gelu_tanh_backward(const float* x, const float* dout, float* dx, int64_t n)
 }
 
 void add_inplace(float* x, const float* y, int64_t n) {
-#pragma omp parallel for schedule(static) if (n > 65536)
-  for (int64_t i = 0; i < n; ++i) x[i] += y[i];
+  parallel_for(n, n > 65536, [&](int64_t i) { x[i] += y[i]; });
 }
 
 // The maximum in vectors (a NaN never wins a comparison, as in std::max), then the exponentials in

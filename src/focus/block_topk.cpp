@@ -226,7 +226,9 @@ int block_topk_select(const AttentionCall& a, BlockTopKState& st, const BlockTop
   qg.assign(a.T * H * kq, -1);
   FOCUS_CHECK(s.head_k.empty() || (int64_t)s.head_k.size() == H, "block top-k: ", s.head_k.size(),
               " head budgets for ", H, " heads (layer ", a.layer, ")");
-  std::vector<int64_t> kh(H);
+  static thread_local std::vector<int64_t> kh_buf;  // the calling thread's, kept across calls
+  std::vector<int64_t>& kh = kh_buf;
+  kh.resize(H);
   for (int64_t h = 0; h < H; ++h) kh[h] = std::min(s.k_of(h), K);
   // Row t's current block (that of its last far key p - w), or -1 when it has no far key; a head
   // chooses when it has more candidates than its budget.
@@ -356,7 +358,8 @@ void BlockTopKState::append(cpu::KvView k, int64_t kv_stride, int64_t n) {
   const int64_t n0 = len(), B = block, kvd = kv_heads * head_dim;
   if (n <= n0) return;
   // The kernel's key groups and their index, grown (not rebuilt) when the keys reach a new block.
-  std::vector<int32_t> kg(n - n0);
+  static thread_local std::vector<int32_t> kg;  // the calling thread's, kept across calls
+  kg.resize(n - n0);
   for (int64_t j = n0; j < n; ++j) kg[j - n0] = (int32_t)(j / B);
   const int64_t G = (n + B - 1) / B;
   if (G > index.n_groups) {
@@ -368,6 +371,7 @@ void BlockTopKState::append(cpu::KvView k, int64_t kv_stride, int64_t n) {
   const int64_t b0 = n0 / B, b1 = n / B, hd = head_dim;
   const int64_t tiles = (b1 + kBlockTile - 1) / kBlockTile;
   range.resize(tiles * kv_heads * hd * 2 * kBlockTile, 0.f);
+  if (b1 == b0) return;  // no block completed
   std::vector<float> mn(kvd), mx(kvd);
   for (int64_t b = b0; b < b1; ++b) {
     std::fill(mn.begin(), mn.end(), std::numeric_limits<float>::infinity());

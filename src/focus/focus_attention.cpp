@@ -347,7 +347,8 @@ class AsymmetricFocusAttention final : public AttentionPolicy {
  public:
   AsymmetricFocusAttention(const FocusSettings& fs, const RouterParams* rp, int64_t route_heads,
                             std::vector<float>* grads = nullptr, int64_t first_router = 0, RouterAuxHook hook = nullptr)
-      : fs_(fs), rp_(rp), rh_(route_heads), grads_(grads), first_(first_router), hook_(std::move(hook)) {
+      : fs_(fs), blocks_(hybrid_blocks(fs)), rp_(rp), rh_(route_heads), grads_(grads), first_(first_router),
+        hook_(std::move(hook)) {
     // Inference on the hidden state: the routers stay as they are, so the projections of every
     // router and side are kept transposed side by side and run in one pass per row.
     if (grads_ || fs_.route_on_qk) return;
@@ -536,7 +537,7 @@ class AsymmetricFocusAttention final : public AttentionPolicy {
     // The buffers of a call, kept per thread (a decoding step makes no allocations of its own).
     thread_local struct Scratch {
       RouterCache kc, qc;
-      std::vector<int32_t> kg, top, qg;
+      std::vector<int32_t> kg, top, qg, qb;
       std::vector<float> in, pk, pq, pr, far_q;
       std::vector<const float*> far_qp, far_kp;
     } sc;
@@ -601,9 +602,9 @@ class AsymmetricFocusAttention final : public AttentionPolicy {
     s.sinks = fs_.sinks;
     // The kernel reads the keys' groups from the index; only the pair count needs them flat.
     cpu::GroupedRouting routing{G, RH, nullptr, k, qg.data()};
-    std::vector<int32_t> qb;
+    std::vector<int32_t>& qb = sc.qb;
     if (ks->blocks) {
-      routing.kb = block_topk_select(a, *ks->blocks, hybrid_blocks(fs_), qb);
+      routing.kb = block_topk_select(a, *ks->blocks, blocks_, qb);
       routing.block_size = fs_.block_size;
       routing.query_blocks = qb.data();
     }
@@ -676,6 +677,7 @@ class AsymmetricFocusAttention final : public AttentionPolicy {
   static constexpr float kSparseEps = 1e-9f;
 
   FocusSettings fs_;
+  BlockTopKSettings blocks_;  // the hybrid's blocks (hybrid_blocks(fs_)), made once
   const RouterParams* rp_;  // rh_ routers
   int64_t rh_;
   // Router r's projection of `side` in rows pr of proj_ (null without kept projections).

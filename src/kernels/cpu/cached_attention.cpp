@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <numeric>
 #include <omp.h>
 
 #include "core/error.h"
@@ -47,12 +48,18 @@ void row_keys(int64_t i, const AttnShape& s, FocusMode mode, const FocusLayerCac
     }
     return;
   }
+  // Positions j0 .. j1-1 appended in order.
+  auto add_range = [&idx](int64_t j0, int64_t j1) {
+    if (j1 <= j0) return;
+    const size_t at = idx.size();
+    idx.resize(at + (size_t)(j1 - j0));
+    std::iota(idx.begin() + (std::ptrdiff_t)at, idx.end(), (int32_t)j0);
+  };
   if (mode == FocusMode::Off) {  // full causal attention: every cached key (of the sliding window)
-    for (int64_t j = s.sliding_window > 0 ? std::max<int64_t>(0, i - s.sliding_window + 1) : 0; j <= i; ++j)
-      idx.push_back((int32_t)j);
+    add_range(s.sliding_window > 0 ? std::max<int64_t>(0, i - s.sliding_window + 1) : 0, i + 1);
     return;
   }
-  for (int64_t j = 0; j < far_from; ++j) idx.push_back((int32_t)j);
+  add_range(0, far_from);
   if (mode == FocusMode::Hard && lo > s.sinks) {
     // Members of row i's groups in [S, lo): one sorted range per group, merged without repeats.
     const int32_t* gi = fc.top.data() + i * fc.topk;
@@ -71,7 +78,7 @@ void row_keys(int64_t i, const AttnShape& s, FocusMode mode, const FocusLayerCac
     }
     idx.insert(idx.end(), rk.merged.begin(), rk.merged.end());
   }
-  for (int64_t j = lo; j <= i; ++j) idx.push_back((int32_t)j);
+  add_range(lo, i + 1);
 }
 
 // Partial softmax states of the query heads of kv head kvh over slice c of the row's key list
@@ -109,7 +116,8 @@ void attend_row(const float* q, const E* k, const E* v, float* o, const AttnShap
   if (parallel && tasks > 1 && n * s.heads * s.head_dim > 32768) {
 #pragma omp parallel
     {
-      std::vector<float> scr(per_kv * kSlice);
+      thread_local std::vector<float> scr;  // each thread's scores, kept across calls
+      scr.resize(per_kv * kSlice);
 #pragma omp for schedule(dynamic, 1)
       for (int64_t task = 0; task < tasks; ++task)
         slice_partials(q, k, v, s, rk, task / KV, task % KV, scr.data(), parts.data(), part);
@@ -137,9 +145,10 @@ int64_t cached_rows(const float* q, const E* k, const E* v, float* o, const Attn
                 " positions (was it filled in hard mode?)");
   int64_t pairs = 0;
   if (t == 1) {
-    RowKeys rk;
+    // The calling thread's buffers, kept across calls (a decoding step allocates nothing).
+    thread_local RowKeys rk;
+    thread_local std::vector<float> sc, parts;
     row_keys(pos0, s, mode, fc, rk);
-    std::vector<float> sc, parts;
     attend_row(q, k, v, o, s, rk, sc, parts, /*parallel=*/true);
     return (int64_t)rk.idx.size();
   }

@@ -60,10 +60,16 @@ void check_slot_lists(const AttnShape& s, const int32_t* lists, int64_t k, int64
   };
   std::atomic<int64_t> first_bad{count};
   const bool par = count * k > (int64_t{1} << 16);
-  // Each thread's marks, allocated before the team starts (nothing may throw inside it).
-  std::vector<std::vector<int64_t>> marks(par ? omp_get_max_threads() : 1, std::vector<int64_t>(n, -1));
+  // Each thread's marks, allocated before the team starts (nothing may throw inside it); on one
+  // thread (decoding) the calling thread's, kept across calls.
+  std::vector<std::vector<int64_t>> marks;
+  thread_local std::vector<int64_t> own;
+  if (par)
+    marks.assign(omp_get_max_threads(), std::vector<int64_t>(n, -1));
+  else
+    own.assign(n, -1);
   parallel_for(count, par, [&](int64_t list) {
-    if (list_ok(list, marks[par ? omp_get_thread_num() : 0])) return;
+    if (list_ok(list, par ? marks[omp_get_thread_num()] : own)) return;
     int64_t b = first_bad.load();
     while (list < b && !first_bad.compare_exchange_weak(b, list)) {
     }

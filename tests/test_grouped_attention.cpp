@@ -579,6 +579,24 @@ TEST(GroupedAttention, DecodingRefusesANonFiniteFarTermItReads) {
               std::string::npos)
         << e.what();
   }
+  // The same from runs that hold the terms beside the keys: read from there, and refused there.
+  {
+    const Problem Q = with_nan(read);
+    focus::cpu::GroupedKvRuns runs;
+    runs.sync(Q.idx, Q.k.data(), Q.v.data(), c.kv_heads, c.hd, Q.s.kv_stride, Q.r.far_k);
+    try {
+      run_tail(Q, 1, Q.k.data(), Q.v.data(), &runs);
+      ADD_FAILURE() << "a NaN far-pair term of key " << read << " held in a run was read without an error";
+    } catch (const focus::Error& e) {
+      EXPECT_NE(std::string(e.what()).find("far-pair term of key " + std::to_string(read) + " (routing head 1)"),
+                std::string::npos)
+          << e.what();
+    }
+    const Problem U = with_nan(unread);
+    focus::cpu::GroupedKvRuns fine;
+    fine.sync(U.idx, U.k.data(), U.v.data(), c.kv_heads, c.hd, U.s.kv_stride, U.r.far_k);
+    EXPECT_LE(rel_err(run_tail(U, 1, U.k.data(), U.v.data(), &fine), 1, 0, ok, 1, 0, 1, c.heads, c.hd), kTol);
+  }
 }
 
 // Decoding that reads the groups' keys from their runs (GroupedKvRuns): the reference's values and,
@@ -615,16 +633,31 @@ TEST(GroupedAttention, DecodingFromGroupRunsMatchesReference) {
         focus::cpu::kv_store(P.k.data(), (int64_t)P.k.size(), type, kc.data());
         focus::cpu::kv_store(P.v.data(), (int64_t)P.v.size(), type, vc.data());
         const KvView kv(kc.data(), type), vv(vc.data(), type);
-        GroupedKvRuns runs;
+        // With far-pair terms, runs that hold the terms beside the rows and runs that do not (the
+        // kernel then gathers the terms from the routing's).
+        GroupedKvRuns runs, with_terms;
         runs.sync(P.idx, kv, vv, c.kv_heads, c.hd, P.s.kv_stride);
+        if (P.r.far_k) {
+          with_terms.sync(P.idx, kv, vv, c.kv_heads, c.hd, P.s.kv_stride, P.r.far_k);
+          for (size_t x = 0; x < with_terms.far.size(); ++x) {
+            const int64_t rh = (int64_t)x / c.G;
+            ASSERT_EQ((int64_t)with_terms.far[x].size(), with_terms.rows[x]);
+            for (int64_t m = 0; m < with_terms.rows[x]; ++m)
+              ASSERT_EQ(with_terms.far[x][m], P.r.far_k[rh][P.idx.members[x][m]]) << x << " " << m;
+          }
+        }
         const Out ref = run_ref(P);
         for (int64_t rows : {1, 3}) {
-          const Out gathered = run_tail(P, rows, kv, vv), fromruns = run_tail(P, rows, kv, vv, &runs);
+          const Out gathered = run_tail(P, rows, kv, vv);
           const int64_t t0 = c.n - rows;
-          EXPECT_LE(rel_err(fromruns, rows, 0, ref, c.n, t0, rows, c.heads, c.hd), kTol)
-              << describe(c) << " variant " << variant << " rows " << rows;
-          EXPECT_LE(rel_err(fromruns, rows, 0, gathered, rows, 0, rows, c.heads, c.hd), kTol)
-              << describe(c) << " variant " << variant;
+          for (const GroupedKvRuns* rs : {&runs, &with_terms}) {
+            if (rs->rows.empty()) continue;
+            const Out fromruns = run_tail(P, rows, kv, vv, rs);
+            EXPECT_LE(rel_err(fromruns, rows, 0, ref, c.n, t0, rows, c.heads, c.hd), kTol)
+                << describe(c) << " variant " << variant << " rows " << rows << " terms " << !rs->far.empty();
+            EXPECT_LE(rel_err(fromruns, rows, 0, gathered, rows, 0, rows, c.heads, c.hd), kTol)
+                << describe(c) << " variant " << variant << " terms " << !rs->far.empty();
+          }
         }
       }
 }
@@ -658,6 +691,29 @@ TEST(GroupedAttention, GroupRunsFollowTruncateAndAppend) {
   P.idx.append(tail.data(), c.n - keep);
   runs.sync(P.idx, P2.k.data(), P2.v.data(), c.kv_heads, c.hd, P.s.kv_stride);
   EXPECT_EQ(runs.n_keys, c.n);
+  EXPECT_TRUE(runs.far.empty());  // synced without far-pair terms: it holds none
+  // Runs holding far-pair terms (key j of routing head r: r * n + j; in the new sequence the keys
+  // after the rollback point get the negated value): after the rollback each run's terms are those
+  // of its members in the new sequence.
+  {
+    std::vector<float> f1(c.RH * c.n), f2(c.RH * c.n);
+    for (int64_t x = 0; x < c.RH * c.n; ++x) f1[x] = (float)x, f2[x] = (float)(x < keep || (x >= c.n && x < c.n + keep) ? x : -x);
+    const float* p1[2] = {f1.data(), f1.data() + c.n};
+    const float* p2[2] = {f2.data(), f2.data() + c.n};
+    GroupedKvRuns tr;
+    Problem P1;
+    make(P1, c);
+    tr.sync(P1.idx, P1.k.data(), P1.v.data(), c.kv_heads, c.hd, P1.s.kv_stride, p1);
+    P1.idx.truncate(keep);
+    tr.truncate(P1.idx, keep);
+    P1.idx.append(tail.data(), c.n - keep);
+    tr.sync(P1.idx, P2.k.data(), P2.v.data(), c.kv_heads, c.hd, P1.s.kv_stride, p2);
+    for (int64_t x = 0; x < (int64_t)tr.rows.size(); ++x) {
+      ASSERT_EQ((int64_t)tr.far[x].size(), tr.rows[x]);
+      for (int64_t m = 0; m < tr.rows[x]; ++m) EXPECT_EQ(tr.far[x][m], p2[x / c.G][P1.idx.members[x][m]]) << x << " " << m;
+    }
+    EXPECT_THROW(tr.sync(P1.idx, P2.k.data(), P2.v.data(), c.kv_heads, c.hd, P1.s.kv_stride), focus::Error);
+  }
   for (int64_t x = 0; x < (int64_t)runs.rows.size(); ++x) EXPECT_EQ(runs.rows[x], (int64_t)P2.idx.members[x].size());
   const int64_t t = c.n - 1;
   AttnShape s = P2.s;

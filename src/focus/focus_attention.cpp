@@ -204,8 +204,9 @@ struct KeyRoutingState final : AttentionState {
   cpu::GroupedKeyIndex index;
   std::unique_ptr<BlockTopKState> blocks;  // the hybrid pattern's positional blocks, or null
   std::vector<std::vector<float>> far_k;   // [RH][len] the keys' far-pair terms (far_bias), else empty
-  // Decoding: each group's keys and values copied into one run (made at the first decoding step,
-  // then kept up to date), so that a step streams its groups instead of gathering them.
+  // Decoding: each group's keys and values (and far-pair terms) copied into one run (made at the
+  // first decoding step, then kept up to date), so that a step streams its groups instead of
+  // gathering them.
   cpu::GroupedKvRuns runs;
   int64_t len() const { return index.n_keys; }
   void truncate(int64_t n) override {
@@ -642,7 +643,7 @@ class AsymmetricFocusAttention final : public AttentionPolicy {
     } else if (a.pos0 > 0) {
       const cpu::KvView kc = cache_or_floats(a.cache_k, a.k), vc = cache_or_floats(a.cache_v, a.v);
       if (T * c.heads <= cpu::kFewPairs && c.kv_heads % RH == 0) {  // decoding: the groups from their runs
-        ks->runs.sync(ks->index, kc, vc, c.kv_heads, c.head_dim, s.kv_stride);
+        ks->runs.sync(ks->index, kc, vc, c.kv_heads, c.head_dim, s.kv_stride, routing.far_k);
         routing.runs = &ks->runs;
       }
       cpu::grouped_attention(a.q, kc, vc, a.out, nullptr, s, routing, ks->index, stats ? &pairs : nullptr);

@@ -619,9 +619,12 @@ const int32_t* consecutive_rows() {
 // place; with runs of the groups' keys (r.runs), its groups' members beyond the window from their
 // runs; the rest (sinks, groups without runs, blocks) through a list of positions. With far-pair
 // terms, the group and block keys carry them as a bias (the heads of a unit share one routing
-// head, so one term). A unit's list, window and runs are cut into slices of at most kSlice keys;
-// every (unit, slice) is a task, so one long row fills the threads; the slices are merged in
-// order per head.
+// head, so one term; runs that hold the terms give them in run order). A unit's list, window and
+// runs are cut into slices of at most kSlice keys; every (unit, slice) of the window and runs is a
+// task, so one long row fills the threads, and each unit's list is a job that makes the list and
+// computes its slices; jobs and tasks share one parallel region (a thread done with a list takes
+// tasks while another still makes its own). The slices are merged in order per head: list,
+// window, runs.
 template <class E>
 void gathered_decode(const float* q, const E* k, const E* v, float* o, float* lse, const AttnShape& s,
                      const GroupedRouting& r, const GroupedKeyIndex& idx, bool with_groups) {
@@ -652,6 +655,7 @@ void gathered_decode(const float* q, const E* k, const E* v, float* o, float* ls
     int64_t f0, f1;
     const float* bias;  // blocks: [nh][kSlice] (bias_hs kSlice), or null
     int64_t out;        // its partial states: parts + out, one per head of the unit
+    const float* far = nullptr;  // a run's slice: the far-pair terms of rows [f0, f1) held beside it, or null
   };
   // The buffers of a call, kept per thread (a decoding step makes no allocations of its own).
   thread_local struct {
@@ -661,6 +665,8 @@ void gathered_decode(const float* q, const E* k, const E* v, float* o, float* ls
     std::vector<Task> tasks;
     std::vector<int64_t> first;  // the tasks of unit u: first[u] .. first[u+1]-1
     std::vector<float> parts;
+    std::vector<std::vector<float>> list_parts;  // [U]: the partial states of each unit's list slices
+    std::vector<int64_t> list_slices;            // [U]: how many
   } scratch;
   std::vector<Unit>& units = scratch.units;
   units.clear();
@@ -676,52 +682,22 @@ void gathered_decode(const float* q, const E* k, const E* v, float* o, float* ls
   const int64_t U = (int64_t)units.size();
   std::vector<std::vector<int32_t>>& keys = scratch.keys;
   std::vector<std::vector<float>>& bias = scratch.bias;
-  if ((int64_t)keys.size() < U) keys.resize(U), bias.resize(U);
+  std::vector<std::vector<float>>& list_parts = scratch.list_parts;
+  if ((int64_t)keys.size() < U) keys.resize(U), bias.resize(U), list_parts.resize(U);
   std::vector<Task>& tasks = scratch.tasks;
   tasks.clear();
   std::vector<int64_t>& first = scratch.first;
   first.assign(U + 1, 0);
-  // Each unit's list of keys read by position (the sinks, the groups without runs, the blocks):
-  // with blocks, the units' lists are made side by side (the block union of one unit is a few
-  // microseconds of serial work, repeated for every kv head of every layer of a decoding step).
-  std::exception_ptr failed;
-#pragma omp parallel for schedule(dynamic, 1) if (U > 1 && with_groups && r.kb > 0)
-  for (int64_t u = 0; u < U; ++u) {
-    Unit& un = units[u];
-    try {
-      const int64_t rh = route_of(s, r, un.h0);
-      row_keys(s, r, idx, un.t, un.h0, with_groups && !runs, keys[u], &un.g0, &un.g1, /*window=*/false);
-      bias[u].clear();
-      if (with_groups && r.far_q) {
-        un.far_rh = rh;
-        un.far_eq = r.far_q[rh][un.t];
-      }
-      // With far-pair terms a bias made for block keys carries the groups' terms too (g0 .. g1).
-      if (with_groups && r.kb > 0)
-        un.bad_far = add_unit_block_keys(s, r, idx, un.t, un.h0, un.nh, keys[u], bias[u],
-                                         un.far_rh >= 0 ? r.far_k[rh] : nullptr, un.far_eq, un.g0, un.g1);
-    } catch (...) {
-#pragma omp critical(focus_gathered_decode_failed)
-      if (!failed) failed = std::current_exception();
-    }
-  }
-  if (failed) std::rethrow_exception(failed);
+  // The slices known before any list is made: each unit's window (consecutive rows of the cache,
+  // read in place: no list, no bias) and its groups' runs.
   int64_t n_parts = 0;
   for (int64_t u = 0; u < U; ++u) {
     Unit& un = units[u];
-    const int64_t kvh = un.h0 / hpk, rh = route_of(s, r, un.h0), g0 = un.g0, g1 = un.g1;
-    if (const int64_t j = un.bad_far; j >= 0)
-      FOCUS_CHECK(false, "grouped attention: far-pair term of key ", j, " (routing head ", rh, ") is ", r.far_k[rh][j]);
-    const int64_t n = (int64_t)keys[u].size();
-    for (int64_t m0 = 0; m0 < n; m0 += kSlice) {
-      const int64_t len = std::min(kSlice, n - m0), c = m0 / kSlice;
-      const int32_t* kl = keys[u].data() + m0;
-      tasks.push_back({u, k + kvh * hd, v + kvh * hd, s.kv_stride, kl, len, kl, std::clamp(g0 - m0, int64_t{0}, len),
-                       std::clamp(g1 - m0, int64_t{0}, len), bias[u].empty() ? nullptr : bias[u].data() + c * un.nh * kSlice,
-                       n_parts});
-      n_parts += un.nh * part;
+    const int64_t kvh = un.h0 / hpk, rh = route_of(s, r, un.h0);
+    if (with_groups && r.far_q) {
+      un.far_rh = rh;
+      un.far_eq = r.far_q[rh][un.t];
     }
-    // The window: consecutive rows of the cache, read in place (no list, no bias).
     const int64_t p = s.q_pos0 + un.t, lo = std::max<int64_t>(0, p - s.local_window + 1);
     for (int64_t j0 = lo; j0 <= p; j0 += kSlice) {
       const int64_t len = std::min<int64_t>(kSlice, p + 1 - j0);
@@ -745,10 +721,11 @@ void gathered_decode(const float* q, const E* k, const E* v, float* o, float* ls
                   ") holds ", runs->rows[x], " keys, ", b, " needed");
       const E* rk = reinterpret_cast<const E*>(runs->k[x].data()) + col;
       const E* rv = reinterpret_cast<const E*>(runs->v[x].data()) + col;
+      const float* rf = un.far_rh >= 0 && !runs->far.empty() ? runs->far[x].data() : nullptr;
       for (int64_t m0 = a; m0 < b; m0 += kSlice) {
         const int64_t len = std::min(kSlice, b - m0);
         tasks.push_back({u, rk + m0 * W, rv + m0 * W, W, consecutive_rows(), len, m.data() + m0, 0,
-                         un.far_rh >= 0 ? len : 0, nullptr, n_parts});
+                         un.far_rh >= 0 ? len : 0, nullptr, n_parts, rf ? rf + m0 : nullptr});
         n_parts += un.nh * part;
       }
     }
@@ -758,45 +735,105 @@ void gathered_decode(const float* q, const E* k, const E* v, float* o, float* ls
   parts.resize(n_parts);
   const int64_t n_tasks = (int64_t)tasks.size();
   std::atomic<int64_t> bad_far{-1};  // a key whose far-pair term is not finite: (unit << 32) + key
-#pragma omp parallel if (n_tasks > 1 && n_tasks * kSlice * hd > 32768)
+  // One slice's partial states (one per head of its unit) into out.
+  auto run_task = [&](const Task& tk, float* sc, float* far_row, float* out) {
+    const Unit& un = units[tk.u];
+    const float* b = tk.bias;
+    if (tk.far) {  // a run's slice: its terms beside it (f0 = 0, f1 = len)
+      for (int64_t m = 0; m < tk.len; ++m) {
+        const float e = tk.far[m];
+        if (!std::isfinite(e)) bad_far.store(tk.u * (int64_t{1} << 32) + tk.pos[m]);
+        far_row[m] = un.far_eq + e;
+      }
+      b = far_row;
+    } else if (un.far_rh >= 0 && tk.f1 > tk.f0 && !tk.bias) {  // (a block keys' bias holds the terms)
+      const float* ek = r.far_k[un.far_rh];
+      // The terms of a group's members are scattered over the sequence: requested ahead.
+      constexpr int64_t kAhead = 16;
+      for (int64_t m = tk.f0; m < std::min(tk.f1, tk.f0 + kAhead); ++m) __builtin_prefetch(ek + tk.pos[m]);
+      for (int64_t m = 0; m < tk.len; ++m) {
+        if (m + kAhead >= tk.f0 && m + kAhead < tk.f1) __builtin_prefetch(ek + tk.pos[m + kAhead]);
+        const bool far = m >= tk.f0 && m < tk.f1;
+        const float e = far ? ek[tk.pos[m]] : 0.f;
+        if (!std::isfinite(e)) bad_far.store(tk.u * (int64_t{1} << 32) + tk.pos[m]);
+        far_row[m] = far ? un.far_eq + e : 0.f;
+      }
+      b = far_row;
+    }
+    heads_slice_partials(q + un.t * s.q_stride + un.h0 * hd, un.nh, tk.kb, tk.vb, tk.stride, tk.idx, b, tk.len, hd,
+                         s.scale, sc, out, part, b == tk.bias ? kSlice : 0);
+  };
+  // Unit u's list of keys read by position (the sinks, the groups without runs, the blocks), then
+  // its slices, on the thread that made it; returns the slice count.
+  auto list_job = [&](int64_t u, float* sc, float* far_row) -> int64_t {
+    Unit& un = units[u];
+    const int64_t kvh = un.h0 / hpk, rh = route_of(s, r, un.h0);
+    row_keys(s, r, idx, un.t, un.h0, with_groups && !runs, keys[u], &un.g0, &un.g1, /*window=*/false);
+    bias[u].clear();
+    // With far-pair terms a bias made for block keys carries the groups' terms too (g0 .. g1).
+    if (with_groups && r.kb > 0)
+      un.bad_far = add_unit_block_keys(s, r, idx, un.t, un.h0, un.nh, keys[u], bias[u],
+                                       un.far_rh >= 0 ? r.far_k[rh] : nullptr, un.far_eq, un.g0, un.g1);
+    if (un.bad_far >= 0) return 0;  // refused below, before anything is merged
+    const int64_t n = (int64_t)keys[u].size(), slices = (n + kSlice - 1) / kSlice;
+    list_parts[u].resize(slices * un.nh * part);
+    for (int64_t c = 0; c < slices; ++c) {
+      const int64_t m0 = c * kSlice, len = std::min(kSlice, n - m0);
+      const int32_t* kl = keys[u].data() + m0;
+      const Task tk{u, k + kvh * hd, v + kvh * hd, s.kv_stride, kl, len, kl, std::clamp(un.g0 - m0, int64_t{0}, len),
+                    std::clamp(un.g1 - m0, int64_t{0}, len), bias[u].empty() ? nullptr : bias[u].data() + c * un.nh * kSlice,
+                    0};
+      run_task(tk, sc, far_row, list_parts[u].data() + c * un.nh * part);
+    }
+    return slices;
+  };
+  // Every unit's list job, then the slices known before (in that order, dynamically over the
+  // threads: the lists are made side by side, and a thread done with one takes known slices while
+  // another still makes its own). The lists are few microseconds of serial work each, repeated for
+  // every kv head of every layer of a decoding step.
+  std::vector<int64_t>& list_slices = scratch.list_slices;
+  list_slices.assign(U, 0);
+  std::exception_ptr failed;
+  const int64_t n_jobs = U + n_tasks;
+#pragma omp parallel if (n_jobs > 1 && n_jobs * kSlice * hd > 32768)
   {
     thread_local std::vector<float> sc, far_row;
     sc.resize(hpk * kSlice);
     far_row.resize(kSlice);
 #pragma omp for schedule(dynamic, 1)
-    for (int64_t i = 0; i < n_tasks; ++i) {
-      const Task& tk = tasks[i];
-      const Unit& un = units[tk.u];
-      const float* b = tk.bias;
-      if (un.far_rh >= 0 && tk.f1 > tk.f0 && !tk.bias) {  // (a block keys' bias holds the terms)
-        const float* ek = r.far_k[un.far_rh];
-        // The terms of a group's members are scattered over the sequence: requested ahead.
-        constexpr int64_t kAhead = 16;
-        for (int64_t m = tk.f0; m < std::min(tk.f1, tk.f0 + kAhead); ++m) __builtin_prefetch(ek + tk.pos[m]);
-        for (int64_t m = 0; m < tk.len; ++m) {
-          if (m + kAhead >= tk.f0 && m + kAhead < tk.f1) __builtin_prefetch(ek + tk.pos[m + kAhead]);
-          const bool far = m >= tk.f0 && m < tk.f1;
-          const float e = far ? ek[tk.pos[m]] : 0.f;
-          if (!std::isfinite(e)) bad_far.store(tk.u * (int64_t{1} << 32) + tk.pos[m]);
-          far_row[m] = far ? un.far_eq + e : 0.f;
+    for (int64_t i = 0; i < n_jobs; ++i) {
+      if (i < U) {
+        try {
+          list_slices[i] = list_job(i, sc.data(), far_row.data());
+        } catch (...) {
+#pragma omp critical(focus_gathered_decode_failed)
+          if (!failed) failed = std::current_exception();
         }
-        b = far_row.data();
+      } else {
+        run_task(tasks[i - U], sc.data(), far_row.data(), parts.data() + tasks[i - U].out);
       }
-      heads_slice_partials(q + un.t * s.q_stride + un.h0 * hd, un.nh, tk.kb, tk.vb, tk.stride, tk.idx, b, tk.len, hd,
-                           s.scale, sc.data(), parts.data() + tk.out, part, b == tk.bias ? kSlice : 0);
     }
   }
+  if (failed) std::rethrow_exception(failed);
+  for (int64_t u = 0; u < U; ++u)
+    if (const int64_t j = units[u].bad_far; j >= 0) {
+      const int64_t rh = route_of(s, r, units[u].h0);
+      FOCUS_CHECK(false, "grouped attention: far-pair term of key ", j, " (routing head ", rh, ") is ", r.far_k[rh][j]);
+    }
   if (const int64_t x = bad_far.load(); x >= 0) {
     const int64_t u = x >> 32, j = x & 0xffffffff;
     const int64_t rh = units[u].far_rh;
     FOCUS_CHECK(false, "grouped attention: far-pair term of key ", j, " (routing head ", rh, ") is ", r.far_k[rh][j]);
   }
+  // Per head: the list's slices, then the window's and the runs'.
   for (int64_t u = 0; u < U; ++u) {
     const Unit& un = units[u];
+    const int64_t nl = list_slices[u];
     for (int64_t hh = 0; hh < un.nh; ++hh) {
       const int64_t h = un.h0 + hh;
-      const float l = merge_partials(first[u + 1] - first[u], hd, o + un.t * s.o_stride + h * hd, [&](int64_t c) {
-        const float* pr = parts.data() + tasks[first[u] + c].out + hh * part;
+      const float l = merge_partials(nl + first[u + 1] - first[u], hd, o + un.t * s.o_stride + h * hd, [&](int64_t c) {
+        const float* pr = c < nl ? list_parts[u].data() + (c * un.nh + hh) * part
+                                 : parts.data() + tasks[first[u] + c - nl].out + hh * part;
         return Partial{pr[0], pr[1], pr + 2};
       });
       if (lse) lse[h * s.n_q + un.t] = l;
@@ -899,7 +936,7 @@ void GroupedKeyIndex::truncate(int64_t n) {
 }
 
 void GroupedKvRuns::sync(const GroupedKeyIndex& idx, KvView kc, KvView vc, int64_t kv_heads, int64_t hd,
-                         int64_t kv_stride) {
+                         int64_t kv_stride, const float* const* far_k) {
   FOCUS_CHECK(kc.type == vc.type, "grouped attention: keys and values of different types");
   FOCUS_CHECK(idx.route_heads >= 1 && kv_heads % idx.route_heads == 0, "grouped attention: ", idx.route_heads,
               " routing heads do not divide ", kv_heads, " kv heads (runs of group keys)");
@@ -912,10 +949,11 @@ void GroupedKvRuns::sync(const GroupedKeyIndex& idx, KvView kc, KvView vc, int64
     n_keys = 0;
     k.assign(route_heads * n_groups, {});
     v.assign(route_heads * n_groups, {});
+    far.assign(far_k ? route_heads * n_groups : 0, {});
     rows.assign(route_heads * n_groups, 0);
   }
   FOCUS_CHECK(type == kc.type && n_groups == idx.n_groups && route_heads == idx.route_heads &&
-                  kv_per_route * route_heads == kv_heads && head_dim == hd,
+                  kv_per_route * route_heads == kv_heads && head_dim == hd && far.empty() == !far_k,
               "grouped attention: the runs of group keys were made for another layout");
   const int64_t es = kv_type_bytes(type), row = width() * es;
   const uint8_t *ks = static_cast<const uint8_t*>(kc.data), *vs = static_cast<const uint8_t*>(vc.data);
@@ -933,6 +971,10 @@ void GroupedKvRuns::sync(const GroupedKeyIndex& idx, KvView kc, KvView vc, int64
         std::memcpy(k[x].data() + i * row, ks + src, row);
         std::memcpy(v[x].data() + i * row, vs + src, row);
       }
+      if (far_k) {
+        far[x].resize(want);
+        for (int64_t i = have; i < want; ++i) far[x][i] = far_k[rh][m[i]];
+      }
       rows[x] = want;
     }
   n_keys = idx.n_keys;
@@ -947,6 +989,7 @@ void GroupedKvRuns::truncate(const GroupedKeyIndex& idx, int64_t n) {
     rows[x] = std::min<int64_t>(rows[x], (int64_t)idx.members[x].size());
     k[x].resize(rows[x] * row);
     v[x].resize(rows[x] * row);
+    if (!far.empty()) far[x].resize(rows[x]);
   }
   n_keys = std::min(n_keys, n);
 }

@@ -100,12 +100,19 @@ struct GroupedKvRuns {
   int64_t n_groups = 0, route_heads = 0, kv_per_route = 0, head_dim = 0;
   int64_t n_keys = 0;                     // the runs hold the members of positions 0 .. n_keys-1
   std::vector<std::vector<uint8_t>> k, v;  // [RH * G] rows of width elements of type `type`
+  // With far-pair terms, each run's members' terms (far_k[r][j] of GroupedRouting) in run order:
+  // a row reads them as it streams the run, instead of gathering them over the sequence. Empty
+  // without them.
+  std::vector<std::vector<float>> far;  // [RH * G] rows floats each, or empty
   std::vector<int64_t> rows;               // [RH * G] rows each run holds
   int64_t width() const { return kv_per_route * head_dim; }
   // Copies the rows of the members idx holds beyond the runs' (positions n_keys .. idx.n_keys-1)
   // from the cache k, v ([n, kv_heads, head_dim], rows kv_stride elements apart, at least
-  // idx.n_keys rows). The first call fixes the layout; a later one with another throws.
-  void sync(const GroupedKeyIndex& idx, KvView k, KvView v, int64_t kv_heads, int64_t head_dim, int64_t kv_stride);
+  // idx.n_keys rows), and with far_k ([RH] rows of at least idx.n_keys floats) their far-pair
+  // terms. The first call fixes the layout and whether terms are held; a later one with another
+  // throws.
+  void sync(const GroupedKeyIndex& idx, KvView k, KvView v, int64_t kv_heads, int64_t head_dim, int64_t kv_stride,
+            const float* const* far_k = nullptr);
   // Keeps the members of positions 0 .. n-1: call after idx.truncate(n).
   void truncate(const GroupedKeyIndex& idx, int64_t n);
 };

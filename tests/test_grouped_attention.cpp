@@ -692,6 +692,26 @@ TEST(GroupedAttention, GroupRunsFollowTruncateAndAppend) {
   runs.sync(P.idx, P2.k.data(), P2.v.data(), c.kv_heads, c.hd, P.s.kv_stride);
   EXPECT_EQ(runs.n_keys, c.n);
   EXPECT_TRUE(runs.far.empty());  // synced without far-pair terms: it holds none
+  // The same rollback brought up to date one key at a time (as decoding does: a call then touches
+  // only the groups of its new keys): the same runs as the one call above.
+  {
+    focus::cpu::GroupedKeyIndex one = P.idx;
+    one.truncate(keep);
+    GroupedKvRuns step = runs;
+    step.truncate(one, keep);
+    for (int64_t j = keep; j < c.n; ++j) {
+      std::vector<int32_t> g;
+      for (int64_t rh = 0; rh < c.RH; ++rh) g.push_back(P2.key_group[rh * c.n + j]);
+      one.append(g.data(), 1);
+      step.sync(one, P2.k.data(), P2.v.data(), c.kv_heads, c.hd, P.s.kv_stride);
+    }
+    EXPECT_EQ(step.n_keys, runs.n_keys);
+    EXPECT_EQ(step.rows, runs.rows);
+    for (size_t x = 0; x < runs.rows.size(); ++x) {
+      EXPECT_TRUE(step.k[x] == runs.k[x]) << x;
+      EXPECT_TRUE(step.v[x] == runs.v[x]) << x;
+    }
+  }
   // Runs holding far-pair terms (key j of routing head r: r * n + j; in the new sequence the keys
   // after the rollback point get the negated value): after the rollback each run's terms are those
   // of its members in the new sequence.

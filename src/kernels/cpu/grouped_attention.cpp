@@ -957,26 +957,35 @@ void GroupedKvRuns::sync(const GroupedKeyIndex& idx, KvView kc, KvView vc, int64
               "grouped attention: the runs of group keys were made for another layout");
   const int64_t es = kv_type_bytes(type), row = width() * es;
   const uint8_t *ks = static_cast<const uint8_t*>(kc.data), *vs = static_cast<const uint8_t*>(vc.data);
-  for (int64_t rh = 0; rh < route_heads; ++rh)
-    for (int64_t g = 0; g < n_groups; ++g) {
-      const int64_t x = rh * n_groups + g;
-      const std::vector<int32_t>& m = idx.group(rh, g);
-      const int64_t have = rows[x], want = (int64_t)m.size();
-      if (want <= have) continue;
-      k[x].resize(want * row);
-      v[x].resize(want * row);
-      const int64_t off = rh * kv_per_route * hd * es;  // the routing head's kv heads in a cache row
-      for (int64_t i = have; i < want; ++i) {
-        const int64_t src = (int64_t)m[i] * kv_stride * es + off;
-        std::memcpy(k[x].data() + i * row, ks + src, row);
-        std::memcpy(v[x].data() + i * row, vs + src, row);
-      }
-      if (far_k) {
-        far[x].resize(want);
-        for (int64_t i = have; i < want; ++i) far[x][i] = far_k[rh][m[i]];
-      }
-      rows[x] = want;
+  auto bring = [&](int64_t rh, int64_t g) {
+    const int64_t x = rh * n_groups + g;
+    const std::vector<int32_t>& m = idx.group(rh, g);
+    const int64_t have = rows[x], want = (int64_t)m.size();
+    if (want <= have) return;
+    k[x].resize(want * row);
+    v[x].resize(want * row);
+    const int64_t off = rh * kv_per_route * hd * es;  // the routing head's kv heads in a cache row
+    for (int64_t i = have; i < want; ++i) {
+      const int64_t src = (int64_t)m[i] * kv_stride * es + off;
+      std::memcpy(k[x].data() + i * row, ks + src, row);
+      std::memcpy(v[x].data() + i * row, vs + src, row);
     }
+    if (far_k) {
+      far[x].resize(want);
+      for (int64_t i = have; i < want; ++i) far[x][i] = far_k[rh][m[i]];
+    }
+    rows[x] = want;
+  };
+  // Only the groups of the keys added since the last call have new members (a decoding step: one
+  // key per routing head; the other groups' lists, cold by then, are not touched).
+  const int64_t added = idx.n_keys - n_keys;
+  if (n_keys > 0 && added >= 0 && added < n_groups) {
+    for (int64_t rh = 0; rh < route_heads; ++rh)
+      for (int64_t j = n_keys; j < idx.n_keys; ++j) bring(rh, idx.groups_of_keys(rh)[j]);
+  } else {
+    for (int64_t rh = 0; rh < route_heads; ++rh)
+      for (int64_t g = 0; g < n_groups; ++g) bring(rh, g);
+  }
   n_keys = idx.n_keys;
 }
 

@@ -5,9 +5,12 @@
 
 #include <algorithm>
 #include <cstring>
+#include <string>
 #include <thread>
 #include <vector>
 
+#include "core/error.h"
+#include "core/threads.h"
 #include "model/model.h"
 #include "test_util.h"
 
@@ -66,4 +69,25 @@ TEST(Concurrency, TwoThreadsShareASmolLM2ModelWithNativeWeights) {
   FOCUS_NEED_FILE(test::smollm2_path());
   auto m = load_model(test::smollm2_path());
   check_shared(*m, cpu::KvType::F16);
+}
+
+// parallel_for_checked: every iteration runs once, on the threads or (not parallel) on the caller;
+// an iteration's exception reaches the caller after the others have run, as the same error.
+TEST(Concurrency, ParallelForCheckedRunsEveryIterationAndRethrows) {
+  for (bool par : {false, true}) {
+    std::vector<int> runs(37, 0);
+    parallel_for_checked(37, par, [&](int64_t i) { runs[i]++; });
+    EXPECT_EQ(std::count(runs.begin(), runs.end(), 1), 37) << par;
+    std::fill(runs.begin(), runs.end(), 0);
+    try {
+      parallel_for_checked(37, par, [&](int64_t i) {
+        if (i == 5) FOCUS_CHECK(false, "iteration ", i, " failed");
+        runs[i]++;
+      });
+      ADD_FAILURE() << "no exception";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("iteration 5 failed"), std::string::npos) << e.what();
+    }
+    if (par) EXPECT_EQ(std::count(runs.begin(), runs.end(), 1), 36);  // the others all ran
+  }
 }

@@ -2,6 +2,7 @@
 // the thread count on its own: the program calls set_threads (the focus command from -t).
 #pragma once
 #include <cstdint>
+#include <exception>
 
 namespace focus {
 // Sets the number of threads used by our kernels and BLAS; n <= 0 means all cores.
@@ -26,5 +27,27 @@ inline void parallel_for(int64_t n, bool parallel, F&& body) {
   }
 #pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < n; ++i) body(i);
+}
+
+// The same for a few unequal iterations that may throw: taken one at a time by whichever thread
+// is free (dynamic schedule); an exception of an iteration stops none of the others and is
+// rethrown on the calling thread after the loop (when several throw, one of them).
+template <class F>
+inline void parallel_for_checked(int64_t n, bool parallel, F&& body) {
+  if (!parallel) {
+    for (int64_t i = 0; i < n; ++i) body(i);
+    return;
+  }
+  std::exception_ptr failed;
+#pragma omp parallel for schedule(dynamic, 1)
+  for (int64_t i = 0; i < n; ++i) {
+    try {
+      body(i);
+    } catch (...) {
+#pragma omp critical(focus_parallel_for_checked)
+      if (!failed) failed = std::current_exception();
+    }
+  }
+  if (failed) std::rethrow_exception(failed);
 }
 }  // namespace focus

@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "core/error.h"
+#include "core/threads.h"
 #include "focus/focus_cache.h"
 #include "focus/group_layout.h"
 #include "focus/balancing.h"
@@ -537,14 +538,15 @@ class AsymmetricFocusAttention final : public AttentionPolicy {
     // (a key's group depends on the keys before it only: causal).
     // The buffers of a call, kept per thread (a decoding step makes no allocations of its own).
     thread_local struct Scratch {
-      RouterCache kc, qc;
+      std::vector<RouterCache> kc, qc;  // [RH]
       std::vector<int32_t> kg, top, qg, qb;
-      std::vector<float> in, pk, pq, pr, far_q;
+      std::vector<std::vector<float>> in;  // [RH]
+      std::vector<float> pk, pq, pr, far_q;
       std::vector<const float*> far_qp, far_kp;
     } sc;
     std::vector<int32_t>& kg = sc.kg;  // [RH, T]
     kg.resize(RH * T);
-    std::vector<float>&in = sc.in, &pk = sc.pk, &pq = sc.pq;  // pk, pq with group weights: the routers' softmax [RH, T, G]
+    std::vector<float>&pk = sc.pk, &pq = sc.pq;  // pk, pq with group weights: the routers' softmax [RH, T, G]
     FOCUS_CHECK(!fs_.group_bias || a.pos0 == 0, "Focus with group weights runs whole windows from position 0 (layer ",
                 a.layer, "): the grouped kernels that decode from a cache have no group weights");
     if (fs_.group_bias) {
@@ -554,10 +556,27 @@ class AsymmetricFocusAttention final : public AttentionPolicy {
     std::vector<float>& pr = sc.pr;  // every router's key and query projections, if kept
     pr.resize(proj_.stride * T);
     if (proj_.stride > 0) proj_.project(a.xn, T, pr.data());
-    for (int64_t r = 0; r < RH; ++r) {
-      RouterCache& kc = sc.kc;
-      router_forward(rp_[r], router_input(a, fs_, r, RH, RouterSide::Key, in), T, kc, RouterSide::Key, fs_.group_bias,
-                     kept_projection(pr, r, RouterSide::Key), proj_.stride);
+    const ModelConfig& c = *a.cfg;
+    // Queries (past the window): the top-k groups of each router (or its top-p, up to k), for the
+    // query heads that router serves.
+    const bool far = n > fs_.local_window;
+    const int k = fs_.topk;
+    const int64_t heads_per = c.heads / RH;
+    std::vector<int32_t>&top = sc.top, &qg = sc.qg;  // top: [RH, T, k]
+    top.resize(RH * T * k);
+    qg.resize(T * c.heads * k);
+    // (References: inside the loop another thread's sc would be its own.)
+    std::vector<RouterCache>&kcs = sc.kc, &qcs = sc.qc;
+    std::vector<std::vector<float>>& ins = sc.in;
+    kcs.resize(RH);
+    qcs.resize(RH);
+    ins.resize(RH);
+    // Router r's keys and queries; the routers side by side when the rows are few (decoding: a
+    // few microseconds each, on one thread otherwise while the others wait).
+    auto route = [&](int64_t r) {
+      RouterCache& kc = kcs[r];
+      router_forward(rp_[r], router_input(a, fs_, r, RH, RouterSide::Key, ins[r]), T, kc, RouterSide::Key,
+                     fs_.group_bias, kept_projection(pr, r, RouterSide::Key), proj_.stride);
       if (fs_.group_bias) std::copy(kc.p.begin(), kc.p.end(), pk.begin() + r * T * G);
       assign_keys(fs_, kc.s.data(), rp_[r].bias.data(), a.pos0, T, ks->load.data() + r * G, kg.data() + r * T);
       if (fs_.far_bias) {
@@ -565,21 +584,9 @@ class AsymmetricFocusAttention final : public AttentionPolicy {
         fk.resize(a.pos0 + T);
         far_terms(pr, r, RouterSide::Key, a.xn, T, fk.data() + a.pos0);
       }
-    }
-    ks->index.append(kg.data(), T);
-
-    const ModelConfig& c = *a.cfg;
-    if (n <= fs_.local_window) return dense_attention().attend(a, state, nullptr);
-    // Queries: the top-k groups of each router (or its top-p, up to k), for the query heads that
-    // router serves.
-    const int k = fs_.topk;
-    const int64_t heads_per = c.heads / RH;
-    std::vector<int32_t>&top = sc.top, &qg = sc.qg;  // top: [RH, T, k]
-    top.resize(RH * T * k);
-    qg.resize(T * c.heads * k);
-    for (int64_t r = 0; r < RH; ++r) {
-      RouterCache& qc = sc.qc;
-      router_forward(rp_[r], router_input(a, fs_, r, RH, RouterSide::Query, in), T, qc, RouterSide::Query,
+      if (!far) return;
+      RouterCache& qc = qcs[r];
+      router_forward(rp_[r], router_input(a, fs_, r, RH, RouterSide::Query, ins[r]), T, qc, RouterSide::Query,
                      fs_.group_bias, kept_projection(pr, r, RouterSide::Query), proj_.stride);
       if (fs_.group_bias) std::copy(qc.p.begin(), qc.p.end(), pq.begin() + r * T * G);
       int32_t* rtop = top.data() + r * T * k;
@@ -590,7 +597,10 @@ class AsymmetricFocusAttention final : public AttentionPolicy {
       for (int64_t t = 0; t < T; ++t)
         for (int64_t h = r * heads_per; h < (r + 1) * heads_per; ++h)
           std::copy_n(rtop + t * k, k, qg.data() + (t * c.heads + h) * k);
-    }
+    };
+    parallel_for_checked(RH, RH > 1 && T * c.heads <= cpu::kFewPairs && num_threads() > 1, route);
+    ks->index.append(kg.data(), T);
+    if (!far) return dense_attention().attend(a, state, nullptr);
     if (fs_.block_calibration) {
       FOCUS_CHECK(a.k && fs_.topp == 0.f, "block budget calibration: needs float keys and top-k groups");
       const GroupReads reads{qg.data(), k, &ks->index.key_group, heads_per};

@@ -793,28 +793,16 @@ void gathered_decode(const float* q, const E* k, const E* v, float* o, float* ls
   // every kv head of every layer of a decoding step.
   std::vector<int64_t>& list_slices = scratch.list_slices;
   list_slices.assign(U, 0);
-  std::exception_ptr failed;
   const int64_t n_jobs = U + n_tasks;
-#pragma omp parallel if (n_jobs > 1 && n_jobs * kSlice * hd > 32768)
-  {
-    thread_local std::vector<float> sc, far_row;
+  parallel_for_checked(n_jobs, n_jobs > 1 && n_jobs * kSlice * hd > 32768 && num_threads() > 1, [&](int64_t i) {
+    thread_local std::vector<float> sc, far_row;  // this thread's
     sc.resize(hpk * kSlice);
     far_row.resize(kSlice);
-#pragma omp for schedule(dynamic, 1)
-    for (int64_t i = 0; i < n_jobs; ++i) {
-      if (i < U) {
-        try {
-          list_slices[i] = list_job(i, sc.data(), far_row.data());
-        } catch (...) {
-#pragma omp critical(focus_gathered_decode_failed)
-          if (!failed) failed = std::current_exception();
-        }
-      } else {
-        run_task(tasks[i - U], sc.data(), far_row.data(), parts.data() + tasks[i - U].out);
-      }
-    }
-  }
-  if (failed) std::rethrow_exception(failed);
+    if (i < U)
+      list_slices[i] = list_job(i, sc.data(), far_row.data());
+    else
+      run_task(tasks[i - U], sc.data(), far_row.data(), parts.data() + tasks[i - U].out);
+  });
   for (int64_t u = 0; u < U; ++u)
     if (const int64_t j = units[u].bad_far; j >= 0) {
       const int64_t rh = route_of(s, r, units[u].h0);

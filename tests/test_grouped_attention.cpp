@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <numeric>
 #include <random>
 #include <string>
@@ -571,27 +572,23 @@ TEST(GroupedAttention, DecodingRefusesANonFiniteFarTermItReads) {
   };
   const Out ok = run_tail(P, 1);
   for (int64_t j : {unread, t}) EXPECT_EQ(run_tail(with_nan(j), 1).o, ok.o) << j;  // not read / near the row
-  try {
-    run_tail(with_nan(read), 1);
-    ADD_FAILURE() << "a NaN far-pair term of key " << read << " was read without an error";
-  } catch (const focus::Error& e) {
-    EXPECT_NE(std::string(e.what()).find("far-pair term of key " + std::to_string(read) + " (routing head 1)"),
-              std::string::npos)
-        << e.what();
-  }
-  // The same from runs that hold the terms beside the keys: read from there, and refused there.
-  {
-    const Problem Q = with_nan(read);
-    focus::cpu::GroupedKvRuns runs;
-    runs.sync(Q.idx, Q.k.data(), Q.v.data(), c.kv_heads, c.hd, Q.s.kv_stride, Q.r.far_k);
+  auto refused = [&](const std::function<void()>& step, const char* where) {
     try {
-      run_tail(Q, 1, Q.k.data(), Q.v.data(), &runs);
-      ADD_FAILURE() << "a NaN far-pair term of key " << read << " held in a run was read without an error";
+      step();
+      ADD_FAILURE() << "a NaN far-pair term of key " << read << " (" << where << ") was read without an error";
     } catch (const focus::Error& e) {
       EXPECT_NE(std::string(e.what()).find("far-pair term of key " + std::to_string(read) + " (routing head 1)"),
                 std::string::npos)
           << e.what();
     }
+  };
+  refused([&] { run_tail(with_nan(read), 1); }, "gathered");
+  // The same from runs that hold the terms beside the keys: read from there, and refused there.
+  {
+    const Problem Q = with_nan(read);
+    focus::cpu::GroupedKvRuns runs;
+    runs.sync(Q.idx, Q.k.data(), Q.v.data(), c.kv_heads, c.hd, Q.s.kv_stride, Q.r.far_k);
+    refused([&] { run_tail(Q, 1, Q.k.data(), Q.v.data(), &runs); }, "held in a run");
     const Problem U = with_nan(unread);
     focus::cpu::GroupedKvRuns fine;
     fine.sync(U.idx, U.k.data(), U.v.data(), c.kv_heads, c.hd, U.s.kv_stride, U.r.far_k);

@@ -88,6 +88,8 @@ TEST(Concurrency, ParallelForCheckedRunsEveryIterationAndRethrows) {
     } catch (const Error& e) {
       EXPECT_NE(std::string(e.what()).find("iteration 5 failed"), std::string::npos) << e.what();
     }
-    if (par) EXPECT_EQ(std::count(runs.begin(), runs.end(), 1), 36);  // the others all ran
+    if (par) {
+      EXPECT_EQ(std::count(runs.begin(), runs.end(), 1), 36);  // the others all ran
+    }
   }
 }

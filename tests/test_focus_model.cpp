@@ -308,3 +308,27 @@ TEST(FocusModel, GroupsReportCountsEveryMembership) {
     }
   }
 }
+
+// A window scored with a cache that keeps no rows (what `focus eval` uses): the same bits as with
+// a cache that keeps them, dense and routed, on every cache type; the cache cannot be run on.
+TEST(FocusModel, AWindowWithoutKeptRowsHasTheSameBits) {
+  FOCUS_NEED_FILE(stories());
+  auto m = load_model(stories(), LoadOptions{"", false});
+  const int64_t n = 140, D = m->cfg.dim;
+  const auto ids = some_ids(n, m->cfg.vocab, 5);
+  FocusRouters f = random_routers(*m, FocusMode::Hard, 16, 1, 8);
+  const AttentionPlan plan = focus_plan(m->cfg, f);
+  for (cpu::KvType t : {cpu::KvType::F32, cpu::KvType::F16, cpu::KvType::BF16})
+    for (const AttentionPlan* p : {(const AttentionPlan*)nullptr, &plan}) {
+      KVCache kept, none;
+      kept.init(m->cfg, n, t);
+      none.init(m->cfg, n + 1, t, /*keep_rows=*/false);  // room for one more: refused for another reason
+      EXPECT_EQ(none.bytes(), 0);
+      std::vector<float> a(n * D), b(n * D);
+      forward(*m, ids.data(), n, kept, a.data(), p);
+      forward(*m, ids.data(), n, none, b.data(), p);
+      EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)), 0)
+          << cpu::to_string(t) << (p ? " routed" : " dense");
+      EXPECT_THROW(forward(*m, ids.data(), 1, none, b.data(), p), Error);
+    }
+}

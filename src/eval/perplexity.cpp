@@ -59,8 +59,8 @@ double window_nll(const Model& m, const std::vector<int32_t>& ids, const std::ve
                   const AttentionPlan* attention, AttentionStats* stats, int64_t* scored, cpu::KvType kv) {
   const int64_t T = (int64_t)ids.size();
   FOCUS_CHECK(targets.size() == ids.size(), "window_nll: ", ids.size(), " ids but ", targets.size(), " targets");
-  KVCache cache;
-  cache.init(m.cfg, T, kv);
+  KVCache cache;  // one forward of the whole window: no later call reads its rows
+  cache.init(m.cfg, T, kv, /*keep_rows=*/false);
   std::vector<float> hidden(T * m.cfg.dim);
   forward(m, ids.data(), T, cache, hidden.data(), attention, stats);
   return score_rows(m, hidden.data(), 0, targets, scored);

@@ -211,7 +211,7 @@ void block_run(const Model& m, const AttentionPolicy& policy, const BlockIO& io,
   A.h1.resize(T * D);
   A.xn2.resize(T * D);
   // Where the new keys and values are computed: in place in a float cache, else in A.
-  const bool float_cache = !train && io.kv_type == cpu::KvType::F32;
+  const bool float_cache = !train && io.kv_type == cpu::KvType::F32 && io.k_cache;
   float *k, *v;
   if (float_cache) {
     k = static_cast<float*>(io.k_cache) + io.pos0 * KD;
@@ -272,8 +272,10 @@ void block_run(const Model& m, const AttentionPolicy& policy, const BlockIO& io,
       const int64_t bytes = cpu::kv_type_bytes(io.kv_type);
       cpu::kv_round(k, T * KD, io.kv_type);
       cpu::kv_round(v, T * KD, io.kv_type);
-      cpu::kv_store(k, T * KD, io.kv_type, static_cast<char*>(io.k_cache) + io.pos0 * KD * bytes);
-      cpu::kv_store(v, T * KD, io.kv_type, static_cast<char*>(io.v_cache) + io.pos0 * KD * bytes);
+      if (io.k_cache) {  // (a cache that keeps no rows: the window's attention reads k, v below)
+        cpu::kv_store(k, T * KD, io.kv_type, static_cast<char*>(io.k_cache) + io.pos0 * KD * bytes);
+        cpu::kv_store(v, T * KD, io.kv_type, static_cast<char*>(io.v_cache) + io.pos0 * KD * bytes);
+      }
       if (io.pos0 == 0) {  // the new rows are the whole sequence
         call.k = k;
         call.v = v;
@@ -357,7 +359,7 @@ const float* post_norm_backward(const ModelConfig& c, const std::vector<float>& 
 
 void block_forward(const Model& m, const AttentionPolicy& policy, const BlockIO& io, BlockActs& A,
                    std::unique_ptr<AttentionState>& state, AttentionStats* stats) {
-  FOCUS_CHECK(io.k_cache && io.v_cache, "block_forward: no KV cache rows given");
+  FOCUS_CHECK((io.k_cache && io.v_cache) || io.pos0 == 0, "block_forward: no KV cache rows given");
   block_run(m, policy, io, A, false, nullptr, &state, stats);
 }
 

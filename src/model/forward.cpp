@@ -13,13 +13,21 @@
 
 namespace focus {
 
-void KVCache::init(const ModelConfig& c, int64_t cap, cpu::KvType t) {
+void KVCache::init(const ModelConfig& c, int64_t cap, cpu::KvType t, bool keep_rows) {
   capacity = cap;
   len = 0;
   kv_dim = c.kv_dim();
   type = t;
   k.clear(), v.clear(), k16.clear(), v16.clear();
   shared = c.shared_kv();
+  // Latent attention (keys and values shared, MLA) reads its rows from the cache even within
+  // one window: such a cache always keeps them.
+  keeps_rows = keep_rows || shared;
+  if (!keeps_rows) {
+    state.clear();
+    state.resize(c.layers);
+    return;
+  }
   // Each layer's arrays are allocated unset, then zeroed in 2 MiB pieces by every thread: the
   // system clears each page on its first touch (hundreds of MB at ctx 8192), and the threads
   // touch theirs side by side instead of one thread touching all.
@@ -92,6 +100,8 @@ void forward(const Model& m, const int32_t* ids, int64_t T, KVCache& cache, floa
   const ModelConfig& c = m.cfg;
   const int64_t pos0 = cache.len;
   FOCUS_CHECK(T > 0, "forward: empty input");
+  FOCUS_CHECK(cache.keeps_rows || pos0 == 0, "forward: the KV cache keeps no rows (it scores one window from "
+              "position 0), but ", pos0, " positions were run before; make it with rows kept");
   FOCUS_CHECK(pos0 + T <= cache.capacity, "forward: ", pos0 + T, " positions exceed the cache capacity ",
               cache.capacity);
   if (c.learned_pos)

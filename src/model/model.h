@@ -64,10 +64,19 @@ struct KVCache {
   std::vector<Rows<float>> k, v;                        // float32: per layer [capacity, kv_dim]
   std::vector<Rows<uint16_t>> k16, v16;                 // half / bfloat16: the same, 16-bit
   std::vector<std::unique_ptr<AttentionState>> state;  // per layer (null until a policy makes one)
-  void init(const ModelConfig& c, int64_t cap, cpu::KvType t = cpu::KvType::F32);
-  void* k_layer(int64_t l) { return type == cpu::KvType::F32 ? (void*)k[l].data() : (void*)k16[l].data(); }
+  // false: the cache holds no rows (no arrays are made): one forward of a whole window from
+  // position 0 whose keys and values no later call reads (scoring a window); the attention
+  // reads the new rows themselves, rounded to `type` as a cache would hold them. (Latent attention,
+  // shared keys and values, always keeps them.)
+  bool keeps_rows = true;
+  void init(const ModelConfig& c, int64_t cap, cpu::KvType t = cpu::KvType::F32, bool keep_rows = true);
+  void* k_layer(int64_t l) {
+    if (!keeps_rows) return nullptr;
+    return type == cpu::KvType::F32 ? (void*)k[l].data() : (void*)k16[l].data();
+  }
   void* v_layer(int64_t l) {
     if (shared) return k_layer(l);
+    if (!keeps_rows) return nullptr;
     return type == cpu::KvType::F32 ? (void*)v[l].data() : (void*)v16[l].data();
   }
   // Bytes of keys and values held (capacity rows of every layer).

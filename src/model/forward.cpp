@@ -65,7 +65,7 @@ MemoryNeed inference_memory(const ModelConfig& c, int64_t positions, int64_t bat
   const double D = (double)c.dim, QD = (double)c.q_dim(), KD = (double)c.kv_dim(), F = (double)c.ffn;
   const double layer_kv = (c.shared_kv() ? 1.0 : 2.0) * (double)positions * KD * (double)cpu::kv_type_bytes(kv);
   MemoryNeed need;
-  need.add("KV cache", (double)c.layers * layer_kv);
+  if (positions > 0) need.add("KV cache", (double)c.layers * layer_kv);
   if (kv_copies > 0) need.add("routed layers' group runs (decoding)", (double)kv_copies * layer_kv);
   // The block's buffers (norms, q, k, v, attention output, residual, MLP) and the hidden states;
   // the sparse kernels' per-head routing adds a little per token.
@@ -78,7 +78,7 @@ MemoryNeed inference_memory(const ModelConfig& c, int64_t positions, int64_t bat
 void check_inference_memory(const std::string& what, const ModelConfig& c, int64_t positions, int64_t batch,
                             cpu::KvType kv, int64_t logit_rows, const std::string& hint, int64_t kv_copies) {
   check_memory(what, inference_memory(c, positions, batch, kv, logit_rows, kv_copies),
-               hint + (kv == cpu::KvType::F32 ? ", or use --kv-type f16" : ""));
+               hint + (kv == cpu::KvType::F32 && positions > 0 ? ", or use --kv-type f16" : ""));
 }
 
 int64_t decode_kv_copies(const ModelConfig& c, const AttentionPlan* plan) {

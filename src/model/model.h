@@ -105,7 +105,7 @@ void forward(const Model& m, const int32_t* ids, int64_t T, KVCache& cache, floa
 MemoryNeed inference_memory(const ModelConfig& c, int64_t positions, int64_t batch, cpu::KvType kv,
                             int64_t logit_rows, int64_t kv_copies = 0);
 // check_memory of inference_memory(...): refuses a job that would not fit before anything is
-// allocated; the hint gains "or use --kv-type f16" with a float32 cache.
+// allocated; the hint gains "or use --kv-type f16" with a float32 cache that keeps rows.
 void check_inference_memory(const std::string& what, const ModelConfig& c, int64_t positions, int64_t batch,
                             cpu::KvType kv, int64_t logit_rows, const std::string& hint, int64_t kv_copies = 0);
 // The layers' decode_kv_copies under plan (0 without one).

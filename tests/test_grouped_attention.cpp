@@ -160,7 +160,11 @@ Out run_tail(const Problem& P, int64_t rows, focus::cpu::KvView k, focus::cpu::K
   }
   r.runs = runs;
   Out part{std::vector<float>(rows * s.o_stride), std::vector<float>(H * rows)};
-  focus::cpu::grouped_attention(P.q.data() + t0 * s.q_stride, k, v, part.o.data(), part.lse.data(), s, r, P.idx);
+  int64_t pairs = -1;
+  focus::cpu::grouped_attention(P.q.data() + t0 * s.q_stride, k, v, part.o.data(), part.lse.data(), s, r, P.idx,
+                                &pairs);
+  // The pairs the kernel says it read (counted from its slices when decoding) are those counted apart.
+  EXPECT_EQ(pairs, focus::cpu::grouped_pair_count(s, r, P.idx)) << "rows " << rows << ", runs " << (runs != nullptr);
   return part;
 }
 Out run_tail(const Problem& P, int64_t rows) { return run_tail(P, rows, P.k.data(), P.v.data()); }

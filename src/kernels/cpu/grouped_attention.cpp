@@ -168,11 +168,14 @@ bool same_groups(const AttnShape& s, const GroupedRouting& r, int64_t t, int64_t
 // is left empty. With far-pair terms (far_k: the keys' terms of the unit's routing head, far_eq:
 // the row's), the bias is made whenever a key is appended, and each far pair read carries
 // far_eq + far_k[j]: the appended keys and the keys [g0, g1) before them (the groups' members).
-// Returns the first such key whose term is not finite, or -1.
+// Returns the first such key whose term is not finite, or -1; visible, when given, gets the
+// (appended key, head) pairs read.
 int64_t add_unit_block_keys(const AttnShape& s, const GroupedRouting& r, const GroupedKeyIndex& idx, int64_t t,
                             int64_t h0, int64_t nh, std::vector<int32_t>& keys, std::vector<float>& bias,
-                            const float* far_k = nullptr, float far_eq = 0.f, int64_t g0 = 0, int64_t g1 = 0) {
+                            const float* far_k = nullptr, float far_eq = 0.f, int64_t g0 = 0, int64_t g1 = 0,
+                            int64_t* visible = nullptr) {
   bias.clear();
+  if (visible) *visible = 0;
   const int64_t lo = std::max<int64_t>(0, s.q_pos0 + t - s.local_window + 1);
   if (lo <= s.sinks) return -1;
   FOCUS_CHECK(nh <= 64, "grouped attention: more than 64 query heads share a kv head");
@@ -233,6 +236,8 @@ int64_t add_unit_block_keys(const AttnShape& s, const GroupedRouting& r, const G
   }
   const int64_t n_keys = (int64_t)keys.size();
   if (n_keys == base) return -1;
+  if (visible)
+    for (const Run& u : runs) *visible += (u.m1 - u.m0) * __builtin_popcountll(u.heads);
   const uint64_t all = nh == 64 ? ~uint64_t{0} : (uint64_t{1} << nh) - 1;
   if (!far_k && std::all_of(runs.begin(), runs.end(), [&](const Run& x) { return x.heads == all; })) return -1;
   const int64_t slices = (n_keys + kSlice - 1) / kSlice;
@@ -624,10 +629,11 @@ const int32_t* consecutive_rows() {
 // task, so one long row fills the threads, and each unit's list is a job that makes the list and
 // computes its slices; jobs and tasks share one parallel region (a thread done with a list takes
 // tasks while another still makes its own). The slices are merged in order per head: list,
-// window, runs.
+// window, runs. pairs, when given, gets the (row, head, key) pairs read: grouped_pair_count's
+// number, counted from the slices.
 template <class E>
 void gathered_decode(const float* q, const E* k, const E* v, float* o, float* lse, const AttnShape& s,
-                     const GroupedRouting& r, const GroupedKeyIndex& idx, bool with_groups) {
+                     const GroupedRouting& r, const GroupedKeyIndex& idx, bool with_groups, int64_t* pairs = nullptr) {
   const int64_t hd = s.head_dim, hpk = s.heads / s.kv_heads, part = hd + 2;
   const GroupedKvRuns* runs = with_groups ? r.runs : nullptr;
   if (runs) {
@@ -642,6 +648,8 @@ void gathered_decode(const float* q, const E* k, const E* v, float* o, float* ls
     float far_eq = 0.f;
     int64_t g0 = 0, g1 = 0;  // its list's group members: keys [g0, g1)
     int64_t bad_far = -1;    // a block key whose far-pair term is not finite, or -1
+    int64_t block_pairs = 0;  // its block keys' (key, head) pairs read
+    int64_t list_base = 0;    // its list's keys before the block keys (every head reads them)
   };
   // One slice of a unit: rows idx[0 .. len) of kb, vb (stride elements apart); rows [f0, f1) are
   // group keys whose far-pair terms are those of positions pos[f0 .. f1).
@@ -769,11 +777,13 @@ void gathered_decode(const float* q, const E* k, const E* v, float* o, float* ls
     Unit& un = units[u];
     const int64_t kvh = un.h0 / hpk, rh = route_of(s, r, un.h0);
     row_keys(s, r, idx, un.t, un.h0, with_groups && !runs, keys[u], &un.g0, &un.g1, /*window=*/false);
+    un.list_base = (int64_t)keys[u].size();
     bias[u].clear();
     // With far-pair terms a bias made for block keys carries the groups' terms too (g0 .. g1).
     if (with_groups && r.kb > 0)
       un.bad_far = add_unit_block_keys(s, r, idx, un.t, un.h0, un.nh, keys[u], bias[u],
-                                       un.far_rh >= 0 ? r.far_k[rh] : nullptr, un.far_eq, un.g0, un.g1);
+                                       un.far_rh >= 0 ? r.far_k[rh] : nullptr, un.far_eq, un.g0, un.g1,
+                                       &un.block_pairs);
     if (un.bad_far >= 0) return 0;  // refused below, before anything is merged
     const int64_t n = (int64_t)keys[u].size(), slices = (n + kSlice - 1) / kSlice;
     list_parts[u].resize(slices * un.nh * part);
@@ -812,6 +822,15 @@ void gathered_decode(const float* q, const E* k, const E* v, float* o, float* ls
     const int64_t u = x >> 32, j = x & 0xffffffff;
     const int64_t rh = units[u].far_rh;
     FOCUS_CHECK(false, "grouped attention: far-pair term of key ", j, " (routing head ", rh, ") is ", r.far_k[rh][j]);
+  }
+  if (pairs) {
+    int64_t n = 0;
+    for (int64_t u = 0; u < U; ++u) {
+      int64_t per_head = units[u].list_base;
+      for (int64_t i = first[u]; i < first[u + 1]; ++i) per_head += tasks[i].len;
+      n += units[u].nh * per_head + units[u].block_pairs;
+    }
+    *pairs = n;
   }
   // Per head: the list's slices, then the window's and the runs'.
   for (int64_t u = 0; u < U; ++u) {
@@ -1066,11 +1085,13 @@ void grouped_attention(const float* q, const float* k, const float* v, float* o,
               r.route_heads);
   FOCUS_CHECK(idx.n_keys >= s.n_kv, "grouped attention: the key index holds ", idx.n_keys, " keys, ", s.n_kv,
               " needed");
+  if (s.n_q > 0 && s.n_q * s.heads <= kFewPairs) {  // decoding: the kernel counts what it reads
+    gathered_decode(q, k, v, o, lse, s, r, idx, /*with_groups=*/true, pairs);
+    return;
+  }
   if (pairs) *pairs = checked_pair_count(s, r, idx);
   if (s.n_q == 0) return;
-  if (s.n_q * s.heads <= kFewPairs)
-    gathered_attention(q, k, v, o, lse, s, r, idx, /*with_groups=*/true);
-  else if (r.kb > 0)
+  if (r.kb > 0)
     hybrid_attention(q, k, v, o, lse, s, r, idx);
   else
     tiled_attention(q, k, v, o, lse, s, r, idx);
@@ -1086,10 +1107,9 @@ void grouped_attention(const float* q, KvView k, KvView v, float* o, float* lse,
     check_routing(s, r);
     FOCUS_CHECK(idx.n_groups == r.n_groups && idx.route_heads == r.route_heads && idx.n_keys >= s.n_kv,
                 "grouped attention: the key index does not match the routing or holds too few keys");
-    if (pairs) *pairs = checked_pair_count(s, r, idx);
     with_kv_type(k.type, [&](auto tag) {
       using E = decltype(tag);
-      gathered_decode(q, k.as<E>(), v.as<E>(), o, lse, s, r, idx, /*with_groups=*/true);
+      gathered_decode(q, k.as<E>(), v.as<E>(), o, lse, s, r, idx, /*with_groups=*/true, pairs);
     });
     return;
   }

@@ -129,9 +129,11 @@ TEST_P(ShippedRouters, SparseCausalAndDecodesLikePrefill) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Folders, ShippedRouters,
-                         ::testing::Values("smollm2-books", "smollm2-books-hybrid", "smollm2-books-fast"),
+                         ::testing::Values("smollm2-books", "smollm2-books-hybrid", "smollm2-books-fast",
+                                           "smollm2-books-g64"),
                          [](const ::testing::TestParamInfo<std::string>& i) {
                            return i.param == "smollm2-books"          ? std::string("Groups")
                                   : i.param == "smollm2-books-hybrid" ? std::string("Hybrid")
+                                  : i.param == "smollm2-books-g64"    ? std::string("Groups64")
                                                                       : std::string("Fast");
                          });

@@ -128,8 +128,8 @@ PplResult perplexity(const Model& m, const std::vector<int32_t>& ids, const PplO
   FOCUS_CHECK(n >= 2 - nb, "perplexity: the text has too few tokens (", n, ")");
   {
     const int64_t T = std::min(o.ctx, n + nb);  // the longest window
-    // A window scored in one forward keeps no KV rows (window_nll), except in a latent cache.
-    const int64_t kv_rows = (o.decode || m.cfg.shared_kv()) ? T : 0;
+    // The cache of a window scored in one forward (window_nll) is made without kept rows.
+    const int64_t kv_rows = KVCache::keeps_rows_for(m.cfg, o.decode) ? T : 0;
     check_inference_memory("eval at ctx " + std::to_string(o.ctx), m.cfg, kv_rows, o.decode ? 1 : T, o.kv_type,
                            o.decode ? 1 : 64,
                            kv_rows > 0 ? "lower --ctx (the KV cache and activations grow with it)"

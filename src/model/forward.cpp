@@ -20,9 +20,7 @@ void KVCache::init(const ModelConfig& c, int64_t cap, cpu::KvType t, bool keep_r
   type = t;
   k.clear(), v.clear(), k16.clear(), v16.clear();
   shared = c.shared_kv();
-  // Latent attention (keys and values shared, MLA) reads its rows from the cache even within
-  // one window: such a cache always keeps them.
-  keeps_rows = keep_rows || shared;
+  keeps_rows = keeps_rows_for(c, keep_rows);
   if (!keeps_rows) {
     state.clear();
     state.resize(c.layers);

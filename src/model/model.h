@@ -69,6 +69,9 @@ struct KVCache {
   // reads the new rows themselves, rounded to `type` as a cache would hold them. (Latent attention,
   // shared keys and values, always keeps them.)
   bool keeps_rows = true;
+  // Whether init(c, ..., keep_rows) keeps rows: asked, or latent attention (whose attention reads
+  // its rows from the cache even within one window).
+  static bool keeps_rows_for(const ModelConfig& c, bool keep_rows) { return keep_rows || c.shared_kv(); }
   void init(const ModelConfig& c, int64_t cap, cpu::KvType t = cpu::KvType::F32, bool keep_rows = true);
   void* k_layer(int64_t l) {
     if (!keeps_rows) return nullptr;

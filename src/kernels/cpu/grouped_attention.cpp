@@ -464,8 +464,8 @@ void run_item(QueryTile& qt, RowSpan* spans, const Item& it, const RowLists& L, 
   }
 }
 
-void gathered_attention(const float* q, const float* k, const float* v, float* o, float* lse, const AttnShape& s,
-                        const GroupedRouting& r, const GroupedKeyIndex& idx, bool with_groups);
+void gathered_window_attention(const float* q, const float* k, const float* v, float* o, float* lse,
+                               const AttnShape& s, const GroupedRouting& r, const GroupedKeyIndex& idx);
 
 // Many rows: the window and sinks part (focus_window_attention for self-attention, else gathered
 // per row, a short list), then the group part in tiles, merged into it.
@@ -478,7 +478,7 @@ void tiled_attention(const float* q, const float* k, const float* v, float* o, f
   if (s.q_pos0 == 0 && s.n_kv == n)
     focus_window_attention(q, k, v, o, wl, s);
   else
-    gathered_attention(q, k, v, o, wl, s, r, idx, /*with_groups=*/false);
+    gathered_window_attention(q, k, v, o, wl, s, r, idx);
   // No row reads beyond its window before position w + sinks; the last row reads up to p_last - w.
   const int64_t last = s.q_pos0 + n - 1 - s.local_window;
   if (last >= s.sinks) {
@@ -848,14 +848,14 @@ void gathered_decode(const float* q, const E* k, const E* v, float* o, float* ls
   }
 }
 
-// With with_groups false, the window and sinks part alone.
-void gathered_attention(const float* q, const float* k, const float* v, float* o, float* lse, const AttnShape& s,
-                        const GroupedRouting& r, const GroupedKeyIndex& idx, bool with_groups) {
+// The window and sinks part alone, each row's keys gathered by position (few rows: gathered_decode).
+void gathered_window_attention(const float* q, const float* k, const float* v, float* o, float* lse,
+                               const AttnShape& s, const GroupedRouting& r, const GroupedKeyIndex& idx) {
   const int64_t hd = s.head_dim, hpk = s.heads / s.kv_heads, part = hd + 2;
   auto qrow = [&](int64_t t, int64_t h) { return q + t * s.q_stride + h * hd; };
   auto orow = [&](int64_t t, int64_t h) { return o + t * s.o_stride + h * hd; };
   if (s.n_q * s.heads <= kFewPairs) {
-    gathered_decode(q, k, v, o, lse, s, r, idx, with_groups);
+    gathered_decode(q, k, v, o, lse, s, r, idx, /*with_groups=*/false);
     return;
   }
 #pragma omp parallel
@@ -865,7 +865,7 @@ void gathered_attention(const float* q, const float* k, const float* v, float* o
 #pragma omp for schedule(dynamic, 4)
     for (int64_t x = 0; x < s.n_q * s.heads; ++x) {
       const int64_t t = x / s.heads, h = x % s.heads;
-      row_keys(s, r, idx, t, h, with_groups, keys);
+      row_keys(s, r, idx, t, h, /*with_groups=*/false, keys);
       const int64_t slices = ((int64_t)keys.size() + kSlice - 1) / kSlice;
       parts.resize(slices * part);
       for (int64_t c = 0; c < slices; ++c)

@@ -3,9 +3,12 @@
 // parallel`), times each call and, at exit, writes per function: seconds, calls, the object file
 // and the function's offset in it (scripts/profile/omp_regions.sh turns those into names).
 // OMP_REGIONS_DELAY=S skips the regions that start in the first S seconds (a prefill before the
-// decoding steps to be measured); OMP_REGIONS_OUT=FILE writes there instead of stderr.
+// decoding steps to be measured); OMP_REGIONS_OUT=FILE writes there instead of stderr. Regions
+// opened by several threads at once are each counted (the table is updated under a lock); a
+// nested region's time is also inside its parent's.
 #define _GNU_SOURCE
 #include <dlfcn.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <time.h>
@@ -18,6 +21,7 @@ static void* fn_of[kSlots];
 static double seconds_of[kSlots];
 static long calls_of[kSlots];
 static double t_load = -1, delay = 0, t_first = -1, t_last = 0;
+static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 
 static double now(void) {
   struct timespec t;
@@ -26,23 +30,30 @@ static double now(void) {
 }
 
 void GOMP_parallel(region_fn fn, void* data, unsigned threads, unsigned flags) {
+  pthread_mutex_lock(&lock);
   if (!real_parallel) {
     real_parallel = (void (*)(region_fn, void*, unsigned, unsigned))dlsym(RTLD_NEXT, "GOMP_parallel");
     const char* d = getenv("OMP_REGIONS_DELAY");
     delay = d ? atof(d) : 0;
     t_load = now();
   }
+  pthread_mutex_unlock(&lock);
   const double a = now();
   real_parallel(fn, data, threads, flags);
   const double b = now();
   if (a - t_load < delay) return;
+  pthread_mutex_lock(&lock);
   if (t_first < 0) t_first = a;
-  t_last = b;
-  size_t h = ((size_t)fn >> 4) % kSlots;  // open addressing; the table is never full in practice
-  for (int probe = 0; fn_of[h] && fn_of[h] != (void*)fn && probe < kSlots; ++probe) h = (h + 1) % kSlots;
-  fn_of[h] = (void*)fn;
-  seconds_of[h] += b - a;
-  calls_of[h] += 1;
+  if (b > t_last) t_last = b;
+  size_t h = ((size_t)fn >> 4) % kSlots;  // open addressing
+  int probe = 0;
+  for (; fn_of[h] && fn_of[h] != (void*)fn && probe < kSlots; ++probe) h = (h + 1) % kSlots;
+  if (probe < kSlots) {  // a full table (more than kSlots region functions) drops the rest
+    fn_of[h] = (void*)fn;
+    seconds_of[h] += b - a;
+    calls_of[h] += 1;
+  }
+  pthread_mutex_unlock(&lock);
 }
 
 __attribute__((destructor)) static void report(void) {
@@ -62,7 +73,8 @@ __attribute__((destructor)) static void report(void) {
     fprintf(out, "%.6f %ld %s 0x%lx\n", seconds_of[i], calls_of[i], file, offset);
     total += seconds_of[i];
   }
-  fprintf(out, "# %.6f s in parallel regions, %.6f s from the first measured region's start to the last's end\n",
-          total, t_first < 0 ? 0.0 : t_last - t_first);
+  // The summary: seconds inside the regions, and from the first measured region's start to the
+  // last one's end.
+  fprintf(out, "# %.6f %.6f\n", total, t_first < 0 ? 0.0 : t_last - t_first);
   if (path) fclose(out);
 }

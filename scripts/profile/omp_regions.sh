@@ -29,14 +29,14 @@ raw=$(mktemp)
 trap 'rm -f "$raw"' EXIT
 OMP_REGIONS_DELAY=$delay OMP_REGIONS_OUT=$raw LD_PRELOAD=$lib "$@"
 echo "--- OpenMP regions (after ${delay} s) ---"
-grep -v '^#' "$raw" | sort -rn | while read -r sec calls file off; do
+{ grep -v '^#' "$raw" || true; } | sort -rn | while read -r sec calls file off; do
   name=$(addr2line -f -C -e "$file" "$off" 2>/dev/null | head -n 1 | cut -c1-120)
   awk -v s="$sec" -v c="$calls" -v p="$per" -v n="$name" 'BEGIN {
     line = sprintf("%9.4f s %9d calls %8.2f us/call", s, c, 1e6 * s / c)
     if (p > 0) line = line sprintf(" %8.3f ms/step", 1e3 * s / p)
     print line "  " n }'
 done
-summary=$(grep '^#' "$raw" | sed 's/^# //')
-echo "$summary"
-awk -v p="$per" -v line="$summary" 'BEGIN { split(line, f, " "); inside = f[1]; span = f[6];
+read -r inside span < <(grep '^#' "$raw" | sed 's/^# //')
+awk -v p="$per" -v inside="$inside" -v span="$span" 'BEGIN {
+  printf "%.4f s inside the regions, %.4f s from the first one measured to the last\n", inside, span
   printf "outside the regions: %.4f s", span - inside; if (p > 0) printf " (%.3f ms/step)", 1e3 * (span - inside) / p; print "" }'

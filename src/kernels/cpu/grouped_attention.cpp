@@ -165,15 +165,22 @@ bool same_groups(const AttnShape& s, const GroupedRouting& r, int64_t t, int64_t
 // row t (which read the same groups) that are not in their groups, in increasing position. When
 // some head does not read all of them, bias becomes [slices][nh][kSlice] over the whole list: 0
 // where head hh reads key m (every key before the appended ones), -inf elsewhere; otherwise bias
-// is left empty. With far-pair terms (far_k: the keys' terms of the unit's routing head, far_eq:
-// the row's), the bias is made whenever a key is appended, and each far pair read carries
-// far_eq + far_k[j]: the appended keys and the keys [g0, g1) before them (the groups' members).
+// is left empty. With far-pair terms (far.k non-null), the bias is made whenever a key is
+// appended, and each far pair read carries far.eq + far.k[j]: the appended keys and the keys
+// [far.g0, far.g1) before them (the groups' members).
 // Returns the first such key whose term is not finite, or -1; visible, when given, gets the
 // (appended key, head) pairs read.
+struct UnitFarTerms {
+  const float* k = nullptr;  // the keys' terms of the unit's routing head (null: none)
+  float eq = 0.f;            // the row's term
+  int64_t g0 = 0, g1 = 0;    // the groups' members in the list, [g0, g1)
+};
 int64_t add_unit_block_keys(const AttnShape& s, const GroupedRouting& r, const GroupedKeyIndex& idx, int64_t t,
                             int64_t h0, int64_t nh, std::vector<int32_t>& keys, std::vector<float>& bias,
-                            const float* far_k = nullptr, float far_eq = 0.f, int64_t g0 = 0, int64_t g1 = 0,
-                            int64_t* visible = nullptr) {
+                            const UnitFarTerms& far, int64_t* visible) {
+  const float* far_k = far.k;
+  const float far_eq = far.eq;
+  const int64_t g0 = far.g0, g1 = far.g1;
   bias.clear();
   if (visible) *visible = 0;
   const int64_t lo = std::max<int64_t>(0, s.q_pos0 + t - s.local_window + 1);
@@ -782,7 +789,7 @@ void gathered_decode(const float* q, const E* k, const E* v, float* o, float* ls
     // With far-pair terms a bias made for block keys carries the groups' terms too (g0 .. g1).
     if (with_groups && r.kb > 0)
       un.bad_far = add_unit_block_keys(s, r, idx, un.t, un.h0, un.nh, keys[u], bias[u],
-                                       un.far_rh >= 0 ? r.far_k[rh] : nullptr, un.far_eq, un.g0, un.g1,
+                                       UnitFarTerms{un.far_rh >= 0 ? r.far_k[rh] : nullptr, un.far_eq, un.g0, un.g1},
                                        &un.block_pairs);
     if (un.bad_far >= 0) return 0;  // refused below, before anything is merged
     const int64_t n = (int64_t)keys[u].size(), slices = (n + kSlice - 1) / kSlice;

@@ -196,6 +196,35 @@ def aggregate(recs):
     return out
 
 
+def is_focus(r):
+    return r["method"].startswith("focus")
+
+
+def dominance_table(rows):
+    """For each baseline point, the Focus point at or below it (density <= and ppl <=) with the lowest
+    perplexity, or none: the check behind "at every density Focus is at or below every baseline"."""
+    base = sorted((r for r in rows if r["method"] != "dense" and not is_focus(r)), key=lambda r: r["density"])
+    focus = [r for r in rows if is_focus(r)]
+    if not base or not focus:
+        return []
+    md = ["", "Each baseline point against the Focus points at or below it (density and perplexity both "
+          "at most the baseline's; the lowest perplexity shown):", "",
+          "| baseline | density | vs dense | Focus at or below | density | vs dense |", "|---|---|---|---|---|---|"]
+    missing = 0
+    for b in base:
+        under = [f for f in focus if f["density"] <= b["density"] and f["ppl"] <= b["ppl"]]
+        d = "" if b["delta"] is None else f"{b['delta']:+.2f}%"
+        if under:
+            f = min(under, key=lambda f: f["ppl"])
+            fd = "" if f["delta"] is None else f"{f['delta']:+.2f}%"
+            md.append(f"| {b['label']} | {b['density']:.4f} | {d} | {f['label']} | {f['density']:.4f} | {fd} |")
+        else:
+            missing += 1
+            md.append(f"| {b['label']} | {b['density']:.4f} | {d} | **none** | | |")
+    md += ["", f"{len(base) - missing} of {len(base)} baseline points have a Focus point at or below them."]
+    return md
+
+
 def plot(ctx, rows, path, xkey, xlabel, plt, zoom=False):
     """One curve per method; zoom: only the rows within +2% of dense, on their own axis range."""
     if zoom:
@@ -284,6 +313,7 @@ def cmd_report(a):
             ld = f"{r['load']:.2f}" if r["load"] else ""
             md.append(f"| {r['method']} | {r['label']} | {r['density']:.4f} | {r['ppl']:.4f} | {d} | "
                       f"{r['seconds']:.1f} | {s} | {ld} |")
+        md += dominance_table(rows)
         md += ["", "Commands (first text; the others differ only in `--text`):", ""]
         home = os.path.expanduser("~")
         md += [f"- {r['label']}: `{r['recs'][0]['command'].replace(home + '/', '~/')}`" for r in rows]

@@ -193,5 +193,35 @@ class TrainCompare(unittest.TestCase):
                                              ("focus", "2", False)])
 
 
+class FrontierDominance(unittest.TestCase):
+    """frontier.py's check of "at every density Focus is at or below every baseline"."""
+
+    def test_each_baseline_gets_the_focus_point_at_or_below_it(self):
+        sys.path.insert(0, SCRIPTS)
+        try:
+            import frontier
+        finally:
+            sys.path.pop(0)
+
+        def row(method, label, density, ppl):
+            return {"method": method, "label": label, "density": density, "ppl": ppl, "delta": ppl / 20.0 * 100 - 100}
+
+        rows = [row("dense", "dense", 1.0, 20.0),
+                row("blocktopk", "b-low", 0.020, 26.0),   # under it: f-a (the lower ppl of f-a and f-b)
+                row("blocktopk", "b-mid", 0.030, 24.0),   # f-c is lower but denser; f-a is denser: none
+                row("window", "w", 0.050, 23.0),          # density ties count (f-d at 0.050)
+                row("focus-x", "f-a", 0.019, 25.0),
+                row("focus-x", "f-b", 0.015, 25.5),
+                row("focus-y", "f-c", 0.031, 23.5),
+                row("focus-y", "f-d", 0.050, 23.0)]
+        md = "\n".join(frontier.dominance_table(rows))
+        self.assertIn("| b-low | 0.0200 | +30.00% | f-a | 0.0190 | +25.00% |", md)
+        self.assertIn("| b-mid | 0.0300 | +20.00% | **none** | | |", md)
+        self.assertIn("| w | 0.0500 | +15.00% | f-d | 0.0500 | +15.00% |", md)
+        self.assertIn("2 of 3 baseline points have a Focus point at or below them.", md)
+        self.assertNotIn("| dense |", md)
+        self.assertEqual(frontier.dominance_table([r for r in rows if not r["method"].startswith("focus")]), [])
+
+
 if __name__ == "__main__":
     unittest.main()

@@ -126,7 +126,7 @@ def cmd_run(a):
         if a.windows:
             maxt = a.windows * (ctx - 1)
         tag = f"[{i}/{len(jobs)}] ctx {ctx} | {v['label']} | {os.path.basename(t)}"
-        if (ctx, v["label"], os.path.basename(t), maxt) in done:
+        if not a.rerun and (ctx, v["label"], os.path.basename(t), maxt) in done:
             print(f"{tag}: already recorded, skipped", flush=True)
             continue
         cmd = [fbin, "--threads", str(a.threads), "eval", "--model", model, "--text", t, "--ctx", str(ctx),
@@ -348,6 +348,8 @@ def main():
     r.add_argument("--ctx", type=int, nargs="+", help="run only these ctx values of the config")
     r.add_argument("--max-tokens", type=int, help="override: text tokens per text")
     r.add_argument("--windows", type=int, help="override: ctx windows per text (windows x (ctx-1) tokens)")
+    r.add_argument("--rerun", action="store_true",
+                   help="run recorded jobs again (e.g. to time them on this machine); the report keeps the latest")
     h = "aggregate results.jsonl per (ctx, label) into a markdown table and PNG plots (needs matplotlib)"
     p = sub.add_parser("report", help=h, description=h)
     p.add_argument("--results", required=True, help="results.jsonl written by run")

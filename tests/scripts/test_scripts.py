@@ -6,6 +6,7 @@ on a stand-in for `focus train` that records how it was called, so that the reus
 the resume of a stopped one and the restart of a changed one are each seen.
 """
 import json
+import math
 import os
 import shutil
 import struct
@@ -221,6 +222,69 @@ class FrontierDominance(unittest.TestCase):
         self.assertIn("2 of 3 baseline points have a Focus point at or below them.", md)
         self.assertNotIn("| dense |", md)
         self.assertEqual(frontier.dominance_table([r for r in rows if not r["method"].startswith("focus")]), [])
+
+
+FRONTIER_STUB = """#!/usr/bin/env python3
+import json, os, sys
+a = sys.argv
+with open(os.environ["STUB_LOG"], "a") as f:
+    f.write(json.dumps(a[1:]) + "\\n")
+n = int(os.environ["STUB_N"])
+r = {"nll": 3.0 + 0.1 * ("--focus" in a), "tokens": 100, "seconds": float(n), "interrupted": False}
+r["ppl"] = __import__("math").exp(r["nll"])
+if "--focus" in a:
+    r["density"] = 0.25
+print(json.dumps(r))
+"""
+
+
+class FrontierRun(unittest.TestCase):
+    """frontier.py run: recorded runs are skipped; --rerun runs them again and the report keeps the latest."""
+
+    def test_skip_rerun_latest_wins(self):
+        with tempfile.TemporaryDirectory() as d:
+            for t in ("a.txt", "b.txt"):
+                write_text(os.path.join(d, t), "text")
+            write_text(os.path.join(d, "m.gguf"), "model")
+            stub = os.path.join(d, "focus_stub")
+            write_text(stub, FRONTIER_STUB)
+            os.chmod(stub, 0o755)
+            cfg = {"model": os.path.join(d, "m.gguf"), "texts": [os.path.join(d, "a.txt"), os.path.join(d, "b.txt")],
+                   "ctx": [64], "windows": 1,
+                   "variants": [{"method": "dense", "label": "dense", "args": []},
+                                {"method": "focus-x", "label": "f", "args": ["--focus", "r"]}]}
+            write_text(os.path.join(d, "cfg.json"), json.dumps(cfg))
+            log = os.path.join(d, "log.jsonl")
+
+            def run(n, *extra):
+                env = dict(os.environ, STUB_LOG=log, STUB_N=str(n))
+                p = subprocess.run([sys.executable, os.path.join(SCRIPTS, "frontier.py"), "run", "--config",
+                                    os.path.join(d, "cfg.json"), "--out", os.path.join(d, "out"), "--focus-bin", stub]
+                                   + list(extra), env=env, capture_output=True, text=True)
+                self.assertEqual(p.returncode, 0, p.stderr)
+                calls = []
+                if os.path.exists(log):
+                    with open(log) as f:
+                        calls = [json.loads(l) for l in f]
+                    os.remove(log)
+                return calls
+
+            self.assertEqual(len(run(10)), 4)
+            self.assertEqual(run(20), [])                      # everything recorded: skipped
+            calls = run(3, "--rerun", "--only", "dense")       # the dense runs again, timed anew
+            self.assertEqual(len(calls), 2)
+            self.assertTrue(all("--focus" not in c for c in calls))
+            sys.path.insert(0, SCRIPTS)
+            try:
+                import frontier
+            finally:
+                sys.path.pop(0)
+            rows = {r["label"]: r for r in frontier.aggregate(frontier.read_results(
+                os.path.join(d, "out", "results.jsonl")))[64]}
+            self.assertEqual(rows["dense"]["seconds"], 6.0)    # the latest record of each text
+            self.assertEqual(rows["f"]["seconds"], 20.0)
+            self.assertAlmostEqual(rows["f"]["speedup"], 0.3)
+            self.assertAlmostEqual(rows["f"]["delta"], 100 * (math.exp(0.1) - 1))
 
 
 if __name__ == "__main__":

@@ -9,7 +9,8 @@ causal pairs and against end-to-end time, one curve per method.
 A variant is a label, a method (the curve it belongs to) and a list of extra `focus eval`
 arguments; each (ctx, variant, text) is one `focus eval --json` run, appended to results.jsonl
 with the command, date, host, CPU and thread count. Runs already recorded are skipped, so an
-interrupted run resumes where it stopped.
+interrupted run resumes where it stopped; `run --rerun` runs them again (to time them on this
+machine), and the report keeps the latest record of each (ctx, label, text).
 """
 import argparse, datetime, json, math, os, shlex, socket, subprocess, sys, time
 

@@ -194,15 +194,20 @@ class TrainCompare(unittest.TestCase):
                                              ("focus", "2", False)])
 
 
+def import_frontier():
+    sys.path.insert(0, SCRIPTS)
+    try:
+        import frontier
+    finally:
+        sys.path.pop(0)
+    return frontier
+
+
 class FrontierDominance(unittest.TestCase):
     """frontier.py's check of "at every density Focus is at or below every baseline"."""
 
     def test_each_baseline_gets_the_focus_point_at_or_below_it(self):
-        sys.path.insert(0, SCRIPTS)
-        try:
-            import frontier
-        finally:
-            sys.path.pop(0)
+        frontier = import_frontier()
 
         def row(method, label, density, ppl):
             return {"method": method, "label": label, "density": density, "ppl": ppl, "delta": ppl / 20.0 * 100 - 100}
@@ -225,13 +230,13 @@ class FrontierDominance(unittest.TestCase):
 
 
 FRONTIER_STUB = """#!/usr/bin/env python3
-import json, os, sys
+import json, math, os, sys
 a = sys.argv
 with open(os.environ["STUB_LOG"], "a") as f:
     f.write(json.dumps(a[1:]) + "\\n")
 n = int(os.environ["STUB_N"])
 r = {"nll": 3.0 + 0.1 * ("--focus" in a), "tokens": 100, "seconds": float(n), "interrupted": False}
-r["ppl"] = __import__("math").exp(r["nll"])
+r["ppl"] = math.exp(r["nll"])
 if "--focus" in a:
     r["density"] = 0.25
 print(json.dumps(r))
@@ -274,11 +279,7 @@ class FrontierRun(unittest.TestCase):
             calls = run(3, "--rerun", "--only", "dense")       # the dense runs again, timed anew
             self.assertEqual(len(calls), 2)
             self.assertTrue(all("--focus" not in c for c in calls))
-            sys.path.insert(0, SCRIPTS)
-            try:
-                import frontier
-            finally:
-                sys.path.pop(0)
+            frontier = import_frontier()
             rows = {r["label"]: r for r in frontier.aggregate(frontier.read_results(
                 os.path.join(d, "out", "results.jsonl")))[64]}
             self.assertEqual(rows["dense"]["seconds"], 6.0)    # the latest record of each text

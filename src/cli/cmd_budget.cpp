@@ -22,7 +22,7 @@ struct BudgetFlags {
   std::vector<std::string> texts;
   std::string out, curves, from_curves, focus_dir;
   int topk = 0;
-  int64_t ctx = 4096, max_tokens = 0, block = 8, window = 64, sinks = 1, k_max = 0;
+  int64_t ctx = 4096, max_tokens = 0, block = 8, window = 64, sinks = 1, k_max = 0, near_max = 0;
   std::vector<double> mean_k;
   CLI::App* app = nullptr;
 };
@@ -44,7 +44,8 @@ nlohmann::json write_budget(const BudgetFlags& f, const BlockMassCurves& cv, dou
   b.sinks = f.sinks;
   b.ctx = f.ctx;
   b.mean_k = mean_k;
-  b.k = allocate_block_budget(cv, mean_k, cap);
+  b.k = allocate_block_budget(cv, mean_k, cap, &b.near);
+  auto near_of = [&](int64_t L, int64_t h) { return b.near.empty() ? int64_t{0} : b.near[L][h]; };
   const std::string out = out_path(f.out, mean_k);
   // Per layer, per row and head: the far probability, and what uniform k and the budgets miss.
   const int64_t H = cv.heads, ku = std::min<int64_t>(cv.k_max, (int64_t)std::llround(mean_k));
@@ -56,8 +57,8 @@ nlohmann::json write_budget(const BudgetFlags& f, const BlockMassCurves& cv, dou
   // Around groups: the far keys they read per row and head (their cost, to weigh against blocks).
   const bool grouped = !cv.group_keys.empty();
   double all_gkeys = 0;
-  std::printf("layer | far prob | missed, k=%lld each | missed, budgets |%s k per head\n", (long long)ku,
-              grouped ? " group keys |" : "");
+  std::printf("layer | far prob | missed, k=%lld each | missed, budgets |%s k per head%s\n", (long long)ku,
+              grouped ? " group keys |" : "", b.near.empty() ? "" : " (near+ranked)");
   b.layer_missed.assign(cv.layers, 0.0);
   b.layer_far.assign(cv.layers, 0.0);
   for (int64_t L = 0; L < cv.layers; ++L) {
@@ -67,7 +68,7 @@ nlohmann::json write_budget(const BudgetFlags& f, const BlockMassCurves& cv, dou
       far += cv.far[L * H + h];
       if (grouped) gk += cv.group_keys[L * H + h];
       uni += cv.missed_at(L, h, ku);
-      bud += cv.missed_at(L, h, b.k[L][h]);
+      bud += cv.missed_at(L, h, near_of(L, h), b.k[L][h]);
     }
     const double per = 1.0 / ((double)cv.rows[L] * (double)H);
     b.layer_far[L] = far * per;
@@ -78,7 +79,8 @@ nlohmann::json write_budget(const BudgetFlags& f, const BlockMassCurves& cv, dou
     all_rows += cv.rows[L] * H;
     all_gkeys += gk;
     std::string ks, gcol;
-    for (int64_t h = 0; h < H; ++h) ks += (h ? " " : "") + std::to_string(b.k[L][h]);
+    for (int64_t h = 0; h < H; ++h)
+      ks += (h ? " " : "") + (b.near.empty() ? "" : std::to_string(near_of(L, h)) + "+") + std::to_string(b.k[L][h]);
     if (grouped) {
       char buf[32];
       std::snprintf(buf, sizeof buf, " %10.1f |", gk * per);
@@ -99,6 +101,17 @@ nlohmann::json write_budget(const BudgetFlags& f, const BlockMassCurves& cv, dou
                       {"sinks", f.sinks}, {"ctx", f.ctx},             {"mean_k", mean_k},
                       {"k_max", cv.k_max}, {"far", all_far * per},    {"missed_uniform", all_uniform * per},
                       {"missed_budget", all_budget * per}, {"tokens", tokens}};
+  if (cv.near_max > 0) {
+    j["near_max"] = cv.near_max;
+    double near = 0;
+    int64_t heads = 0;
+    for (const auto& nl : b.near)
+      for (int64_t n : nl) {
+        near += (double)n;
+        ++heads;
+      }
+    j["mean_near"] = heads ? near / (double)heads : 0.0;
+  }
   if (grouped) j["group_keys"] = all_gkeys * per;
   return j;
 }
@@ -120,7 +133,8 @@ int run_budget(const BudgetFlags& f) {
   size_t tokens = 0;
   if (!f.from_curves.empty()) {
     FOCUS_CHECK(f.s.model.empty() && f.texts.empty(), "budget: --from-curves replaces the calibration: drop --model and --text");
-    for (const char* flag : {"--block-size", "--window", "--sinks", "--ctx", "--max-tokens", "--curves", "--focus", "--topk"})
+    for (const char* flag :
+         {"--block-size", "--window", "--sinks", "--ctx", "--max-tokens", "--curves", "--focus", "--topk", "--near-max"})
       FOCUS_CHECK(f.app->count(flag) == 0, "budget: ", flag, " does not apply with --from-curves (the curves were measured with theirs)");
     cv = load_block_curves(f.from_curves, &g.ctx);
     g.block = cv.block;
@@ -135,7 +149,7 @@ int run_budget(const BudgetFlags& f) {
     tokens = ids.size();
     install_interrupt_handler();
     if (f.focus_dir.empty()) {
-      cv = measure_block_mass(m, ids, f.ctx, f.block, f.window, f.sinks, k_max, true);
+      cv = measure_block_mass(m, ids, f.ctx, f.block, f.window, f.sinks, k_max, true, f.near_max);
     } else {
       // The hybrid's blocks: what its routers' groups leave unread is what the blocks must find.
       FocusRouters routers = load_focus(f.focus_dir, m.cfg);
@@ -144,7 +158,7 @@ int run_budget(const BudgetFlags& f) {
       // them too; group weights run on the soft kernel, which has no blocks.
       FOCUS_CHECK(!routers.settings.group_bias, f.focus_dir,
                   ": routers with group weights (group_bias) cannot be combined with blocks");
-      cv = block_mass_curves(m.cfg, f.block, f.window, f.sinks, k_max);
+      cv = block_mass_curves(m.cfg, f.block, f.window, f.sinks, k_max, f.near_max);
       FocusSettings& s = routers.settings;
       s.mode = FocusMode::Hard;
       s.local_window = f.window;
@@ -190,6 +204,10 @@ Command add_budget(CLI::App& app) {
       ->delimiter(',');
   sub->add_option("--max-k", f->k_max, "most blocks one head may get (default: 4 x mean k)");
   sub->add_option("--block-size", f->block, "keys per block");
+  sub->add_option("--near-max", f->near_max,
+                  "also let each head widen its window by up to N blocks (read whatever their bound; per-head "
+                  "window widths), the mean k then counting them too (default 0: the window alone)")
+      ->check(CLI::Range(0, 4096));
   sub->add_option("--window", f->window, "local window every query sees");
   sub->add_option("--sinks", f->sinks, "first keys every query sees");
   sub->add_option("--focus", f->focus_dir,

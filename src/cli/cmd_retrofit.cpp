@@ -49,6 +49,8 @@ int run_retrofit_cmd(const RetrofitFlags& f) {
                 "--block-budget sets each head's blocks and their size: drop --blocks and --block-size");
     const BlockBudget b = load_block_budget(f.block_budget);
     check_block_budget(b, o.focus.local_window, o.focus.sinks, m.cfg, f.block_budget);
+    FOCUS_CHECK(b.near.empty(), f.block_budget, ": budgets with near blocks are for evaluation (focus eval, generate); "
+                "train through budgets without them");
     o.focus.block_size = b.block;
     o.block_budget = b.k;
   }

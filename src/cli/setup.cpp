@@ -104,7 +104,10 @@ std::unique_ptr<FocusRouters> FocusFlags::make(const Model& m) const {
     FOCUS_CHECK(blocks >= 0 || !moves_window, dir,
                 " holds per-head block budgets measured with its window and sinks; give --blocks K (uniform blocks "
                 "in their place) or --block-budget with a budget measured at the new window");
-    if (blocks >= 0) f->block_budget.clear();  // uniform blocks replace them
+    if (blocks >= 0) {  // uniform blocks replace them
+      f->block_budget.clear();
+      f->block_near.clear();
+    }
   }
   if (blocks >= 0) {
     FOCUS_CHECK(blocks == 0 || f->settings.asymmetric, "--blocks needs asymmetric routers");
@@ -123,7 +126,8 @@ std::unique_ptr<FocusRouters> FocusFlags::make(const Model& m) const {
     check_block_budget(b, f->settings.local_window, f->settings.sinks, m.cfg, block_budget);
     f->settings.block_size = b.block;
     f->block_budget.clear();
-    set_block_budget(*f, m.cfg, b.k, block_budget);
+    f->block_near.clear();
+    set_block_budget(*f, m.cfg, b.k, block_budget, b.near);
   }
   if (block_select_every >= 0) {  // (its range is checked where it is parsed)
     FOCUS_CHECK(f->settings.blocks > 0, "--block-select-every applies to the hybrid pattern (routers with blocks, or "

@@ -41,17 +41,18 @@ class BlockMassProbe final : public AttentionPolicy {
 void measure_block_mass_call(const AttentionCall& a, BlockMassCurves& cv, const GroupReads* groups) {
   const ModelConfig& c = *a.cfg;
   const int64_t n = a.pos0 + a.T, H = c.heads, kvh_n = c.kv_heads, hpk = H / kvh_n, hd = c.head_dim;
-  const int64_t kvd = c.kv_dim(), B = cv.block, w = cv.window, S = cv.sinks, KM = cv.k_max;
+  const int64_t kvd = c.kv_dim(), B = cv.block, w = cv.window, S = cv.sinks, KM = cv.k_max, NM = cv.near_max;
+  const int64_t per_head = (NM + 1) * (KM + 1);
   const float scale = layer_attn_shape(c, a.layer, a.pos0, a.T).scale;
   // Bounds of the complete blocks, made as the block top-k policy makes them.
   BlockTopKState st(B, kvh_n, hd);
   st.append(cpu::KvView(a.k), kvd, n);
   const int64_t lo = S / B;
-  std::vector<double> miss(H * (KM + 1), 0.0), far(H, 0.0), gkeys(H, 0.0);
+  std::vector<double> miss(H * per_head, 0.0), far(H, 0.0), gkeys(H, 0.0);
   int64_t rows = 0;
 #pragma omp parallel
   {
-    std::vector<double> miss_t(H * (KM + 1), 0.0), far_t(H, 0.0), gkeys_t(H, 0.0);
+    std::vector<double> miss_t(H * per_head, 0.0), far_t(H, 0.0), gkeys_t(H, 0.0);
     std::vector<float> e(n);
     std::vector<double> bm;
     std::vector<float> bound;
@@ -104,16 +105,22 @@ void measure_block_mass_call(const AttentionCall& a, BlockMassCurves& cv, const 
           bm[b - lo] = mass(b * B, (b + 1) * B);
           cand[b - lo] = {bound[b - lo], (int32_t)b};
         }
-        // The order block top-k chooses in.
-        const int64_t kk = std::min(KM, nb);
+        // The order block top-k chooses in: of the first KM + NM, at most NM are near ones.
+        const int64_t kk = std::min(KM + NM, nb);
         std::partial_sort(cand.begin(), cand.begin() + kk, cand.end(), block_ranks_before);
-        double left = std::max(0.0, F - mcur);
-        double* mrow = miss_t.data() + h * (KM + 1);
-        mrow[0] += left;
-        for (int64_t i = 0; i < KM; ++i) {
-          if (i < kk) left = std::max(0.0, left - bm[cand[i].second - lo]);
-          else left = 0.0;  // every candidate read
-          mrow[i + 1] += left;
+        double near_mass = 0;  // of the N blocks just before the current one
+        for (int64_t n = 0; n <= NM; ++n) {
+          const int64_t first_near = std::max(lo, cur - n);  // near blocks: first_near .. cur-1
+          if (n > 0 && cur - n >= lo) near_mass += bm[cur - n - lo];
+          double left = std::max(0.0, F - mcur - near_mass);
+          double* mrow = miss_t.data() + h * per_head + n * (KM + 1);
+          mrow[0] += left;
+          for (int64_t i = 0, x = 0; i < KM; ++i) {
+            while (x < kk && cand[x].second >= first_near) ++x;  // read as near blocks already
+            if (x < kk) left = std::max(0.0, left - bm[cand[x++].second - lo]);
+            else left = 0.0;  // every candidate read
+            mrow[i + 1] += left;
+          }
         }
         far_t[h] += F;
       }
@@ -129,7 +136,7 @@ void measure_block_mass_call(const AttentionCall& a, BlockMassCurves& cv, const 
     }
   }
   for (int64_t h = 0; h < H; ++h) {
-    for (int64_t k = 0; k <= KM; ++k) cv.missed[(a.layer * H + h) * (KM + 1) + k] += miss[h * (KM + 1) + k];
+    for (int64_t x = 0; x < per_head; ++x) cv.missed[(a.layer * H + h) * per_head + x] += miss[h * per_head + x];
     cv.far[a.layer * H + h] += far[h];
   }
   if (groups) {
@@ -139,17 +146,20 @@ void measure_block_mass_call(const AttentionCall& a, BlockMassCurves& cv, const 
   cv.rows[a.layer] += rows;
 }
 
-BlockMassCurves block_mass_curves(const ModelConfig& c, int64_t block, int64_t window, int64_t sinks, int64_t k_max) {
+BlockMassCurves block_mass_curves(const ModelConfig& c, int64_t block, int64_t window, int64_t sinks, int64_t k_max,
+                                  int64_t near_max) {
   FOCUS_CHECK(block >= 1 && window >= 1 && sinks >= 0 && k_max >= 1, "block budget: block (", block, ") window (",
               window, ") and k_max (", k_max, ") must be at least 1, sinks (", sinks, ") at least 0");
+  FOCUS_CHECK(near_max >= 0 && near_max <= 4096, "block budget: near blocks (", near_max, ") must be in [0, 4096]");
   BlockMassCurves cv;
   cv.block = block;
   cv.window = window;
   cv.sinks = sinks;
   cv.k_max = k_max;
+  cv.near_max = near_max;
   cv.layers = c.layers;
   cv.heads = c.heads;
-  cv.missed.assign(c.layers * c.heads * (k_max + 1), 0.0);
+  cv.missed.assign(c.layers * c.heads * (near_max + 1) * (k_max + 1), 0.0);
   cv.far.assign(c.layers * c.heads, 0.0);
   cv.rows.assign(c.layers, 0);
   return cv;
@@ -168,9 +178,10 @@ void run_block_calibration(const Model& m, const std::vector<int32_t>& ids, int6
 }
 
 BlockMassCurves measure_block_mass(const Model& m, const std::vector<int32_t>& ids, int64_t ctx, int64_t block,
-                                   int64_t window, int64_t sinks, int64_t k_max, bool progress) {
+                                   int64_t window, int64_t sinks, int64_t k_max, bool progress,
+                                   int64_t near_max) {
   const ModelConfig& c = m.cfg;
-  BlockMassCurves cv = block_mass_curves(c, block, window, sinks, k_max);
+  BlockMassCurves cv = block_mass_curves(c, block, window, sinks, k_max, near_max);
   AttentionPlan plan;
   plan.layers.resize(c.layers);
   for (int64_t l = 0; l < c.layers; ++l)
@@ -179,10 +190,94 @@ BlockMassCurves measure_block_mass(const Model& m, const std::vector<int32_t>& i
   return cv;
 }
 
-std::vector<std::vector<int64_t>> allocate_block_budget(const BlockMassCurves& cv, double mean_k, int64_t cap) {
+namespace {
+
+// allocate_block_budget with near blocks: each head's best split of c blocks between near and
+// ranked ones, and the blocks given by steps of best mean gain per block.
+std::vector<std::vector<int64_t>> allocate_with_near(const BlockMassCurves& cv, int64_t total, int64_t top,
+                                                     std::vector<std::vector<int64_t>>& k,
+                                                     std::vector<std::vector<int64_t>>* near_out) {
+  const int64_t NM = cv.near_max, KM = cv.k_max, L = cv.layers, H = cv.heads;
+  // best[(l * H + h) * (top + 1) + c]: the least missed mass with c blocks, and its near part.
+  std::vector<double> best(L * H * (top + 1), 0.0);
+  std::vector<int64_t> split(L * H * (top + 1), 0);
+  for (int64_t l = 0; l < L; ++l) {
+    if (k[l].empty()) continue;
+    for (int64_t h = 0; h < H; ++h)
+      for (int64_t c = 0; c <= top; ++c) {
+        double b = std::numeric_limits<double>::infinity();
+        int64_t bn = 0;
+        for (int64_t n = std::max<int64_t>(0, c - KM); n <= std::min(NM, c); ++n) {
+          const double m = cv.missed_at(l, h, n, c - n);
+          if (m < b) {  // ties to fewer near blocks
+            b = m;
+            bn = n;
+          }
+        }
+        best[(l * H + h) * (top + 1) + c] = b;
+        split[(l * H + h) * (top + 1) + c] = bn;
+      }
+  }
+  std::vector<int64_t> given(L * H, 0);
+  // A head's best step from c blocks (at most `room` more): the most missed mass saved per block,
+  // ties to the shorter step.
+  auto step = [&](int64_t l, int64_t h, int64_t room) {
+    const double* b = best.data() + (l * H + h) * (top + 1);
+    const int64_t c = given[l * H + h];
+    double gain = -1;
+    int64_t len = 0;
+    for (int64_t s = 1; s <= std::min(room, top - c); ++s) {
+      const double g = (b[c] - b[c + s]) / (double)s;
+      if (g > gain) {
+        gain = g;
+        len = s;
+      }
+    }
+    return std::make_pair(gain, len);
+  };
+  using Item = std::tuple<double, int64_t, int64_t, int64_t>;  // gain per block, -layer, -head, step
+  std::priority_queue<Item> pq;
+  auto push = [&](int64_t l, int64_t h, int64_t room) {
+    const auto [g, s] = step(l, h, room);
+    if (s > 0) pq.emplace(g, -l, -h, s);
+  };
+  int64_t left = total;
+  for (int64_t l = 0; l < L; ++l)
+    for (int64_t h = 0; h < (int64_t)k[l].size(); ++h) push(l, h, left);
+  while (left > 0 && !pq.empty()) {
+    const auto [g, nl, nh, s] = pq.top();
+    pq.pop();
+    const int64_t l = -nl, h = -nh;
+    if (s > left) {  // the step no longer fits: the head's best within what is left
+      push(l, h, left);
+      continue;
+    }
+    given[l * H + h] += s;
+    left -= s;
+    push(l, h, left);
+  }
+  if (near_out) near_out->assign(L, {});
+  for (int64_t l = 0; l < L; ++l) {
+    if (k[l].empty()) continue;
+    if (near_out) (*near_out)[l].assign(H, 0);
+    for (int64_t h = 0; h < H; ++h) {
+      const int64_t c = given[l * H + h], n = split[(l * H + h) * (top + 1) + c];
+      k[l][h] = c - n;
+      if (near_out) (*near_out)[l][h] = n;
+    }
+  }
+  return k;
+}
+
+}  // namespace
+
+std::vector<std::vector<int64_t>> allocate_block_budget(const BlockMassCurves& cv, double mean_k, int64_t cap,
+                                                        std::vector<std::vector<int64_t>>* near) {
   FOCUS_CHECK(std::isfinite(mean_k) && mean_k >= 0 && mean_k <= (1 << 20),
               "block budget: the mean k must be in [0, 2^20], got ", mean_k);
-  const int64_t top = cap >= 0 ? std::min(cap, cv.k_max) : cv.k_max;
+  const int64_t most = cv.k_max + cv.near_max;
+  const int64_t top = cap >= 0 ? std::min(cap, most) : most;
+  if (near) near->clear();
   std::vector<std::vector<int64_t>> k(cv.layers);
   int64_t measured = 0;
   for (int64_t l = 0; l < cv.layers; ++l)
@@ -193,6 +288,7 @@ std::vector<std::vector<int64_t>> allocate_block_budget(const BlockMassCurves& c
   FOCUS_CHECK(measured > 0, "block budget: no layer had a row with keys beyond the window (text too short?)");
   const int64_t total =
       (int64_t)std::min(std::floor(mean_k * (double)measured + 1e-9), (double)measured * (double)top);
+  if (cv.near_max > 0) return allocate_with_near(cv, total, top, k, near);
   // Greedy: each block to the head whose missed mass falls most by it (ties to the lower layer, head).
   using Item = std::tuple<double, int64_t, int64_t>;  // gain, -layer, -head
   std::priority_queue<Item> pq;
@@ -213,21 +309,26 @@ std::vector<std::vector<int64_t>> allocate_block_budget(const BlockMassCurves& c
 }
 
 void save_block_curves(const std::string& path, const BlockMassCurves& cv, int64_t ctx) {
-  const int64_t L = cv.layers, H = cv.heads, K1 = cv.k_max + 1;
+  const int64_t L = cv.layers, H = cv.heads, K1 = cv.k_max + 1, N1 = cv.near_max + 1;
   // Stored per row (means), so that float32 keeps them exact enough at any number of rows.
   const bool grouped = !cv.group_keys.empty();
-  std::vector<float> missed(L * H * K1), far(L * H), rows(L), gkeys(grouped ? L * H : 0);
+  std::vector<float> missed(L * H * N1 * K1), far(L * H), rows(L), gkeys(grouped ? L * H : 0);
   for (int64_t l = 0; l < L; ++l) {
     const double per = cv.rows[l] > 0 ? 1.0 / (double)cv.rows[l] : 0.0;
     rows[l] = (float)cv.rows[l];
     for (int64_t h = 0; h < H; ++h) {
       far[l * H + h] = (float)(cv.far[l * H + h] * per);
       if (grouped) gkeys[l * H + h] = (float)(cv.group_keys[l * H + h] * per);
-      for (int64_t k = 0; k < K1; ++k) missed[(l * H + h) * K1 + k] = (float)(cv.missed_at(l, h, k) * per);
+      for (int64_t n = 0; n < N1; ++n)
+        for (int64_t k = 0; k < K1; ++k)
+          missed[((l * H + h) * N1 + n) * K1 + k] = (float)(cv.missed_at(l, h, n, k) * per);
     }
   }
+  // [layers, heads, k_max + 1] without near blocks (as before they existed), else
+  // [layers, heads, near_max + 1, k_max + 1].
+  const std::vector<int64_t> mshape = N1 == 1 ? std::vector<int64_t>{L, H, K1} : std::vector<int64_t>{L, H, N1, K1};
   std::map<std::string, io::F32Tensor> t = {
-      {"missed", {{L, H, K1}, missed}}, {"far", {{L, H}, far}}, {"rows", {{L}, rows}}};
+      {"missed", {mshape, missed}}, {"far", {{L, H}, far}}, {"rows", {{L}, rows}}};
   if (grouped) t["group_keys"] = {{L, H}, gkeys};
   io::save_safetensors(path, t,
                        {{"format", "focus-block-curves"},
@@ -261,11 +362,14 @@ BlockMassCurves load_block_curves(const std::string& path, int64_t* ctx) {
   cv.sinks = num("sinks", 0);
   if (ctx) *ctx = num("ctx", 0);
   const io::STTensor& m = f.tensor("missed");
-  FOCUS_CHECK(m.shape.size() == 3 && m.shape[0] >= 1 && m.shape[1] >= 1 && m.shape[2] >= 2, path,
-              ": 'missed' must be [layers, heads, k_max + 1]");
+  const size_t rank = m.shape.size();
+  FOCUS_CHECK((rank == 3 || rank == 4) && m.shape[0] >= 1 && m.shape[1] >= 1 && m.shape.back() >= 2 &&
+                  (rank == 3 || (m.shape[2] >= 2 && m.shape[2] <= 4097)),
+              path, ": 'missed' must be [layers, heads, k_max + 1] or [layers, heads, near_max + 1, k_max + 1]");
   cv.layers = m.shape[0];
   cv.heads = m.shape[1];
-  cv.k_max = m.shape[2] - 1;
+  cv.near_max = rank == 4 ? m.shape[2] - 1 : 0;
+  cv.k_max = m.shape.back() - 1;
   const io::STTensor& fr = f.tensor("far");
   const io::STTensor& rw = f.tensor("rows");
   FOCUS_CHECK(fr.shape == std::vector<int64_t>({cv.layers, cv.heads}), path, ": 'far' must be [layers, heads]");
@@ -289,13 +393,13 @@ BlockMassCurves load_block_curves(const std::string& path, int64_t* ctx) {
   // Back to sums over rows, as measured.
   cv.missed.resize(mv.size());
   cv.far.resize(fv.size());
-  const int64_t K1 = cv.k_max + 1;
+  const int64_t per_head = (cv.near_max + 1) * (cv.k_max + 1);
   for (int64_t l = 0; l < cv.layers; ++l)
     for (int64_t h = 0; h < cv.heads; ++h) {
       cv.far[l * cv.heads + h] = (double)fv[l * cv.heads + h] * (double)cv.rows[l];
       if (!gv.empty()) cv.group_keys[l * cv.heads + h] = (double)gv[l * cv.heads + h] * (double)cv.rows[l];
-      for (int64_t k = 0; k < K1; ++k)
-        cv.missed[(l * cv.heads + h) * K1 + k] = (double)mv[(l * cv.heads + h) * K1 + k] * (double)cv.rows[l];
+      for (int64_t x = 0; x < per_head; ++x)
+        cv.missed[(l * cv.heads + h) * per_head + x] = (double)mv[(l * cv.heads + h) * per_head + x] * (double)cv.rows[l];
     }
   return cv;
 }
@@ -306,6 +410,7 @@ void save_block_budget(const std::string& path, const BlockBudget& b) {
   nlohmann::json j = {{"format", "focus-block-budget"}, {"version", 1},     {"block", b.block},
                       {"window", b.window},             {"sinks", b.sinks}, {"ctx", b.ctx},
                       {"mean_k", b.mean_k},             {"k", k}};
+  if (!b.near.empty()) j["near"] = b.near;
   if (!b.layer_missed.empty()) {
     j["layer_missed"] = b.layer_missed;
     j["layer_far"] = b.layer_far;
@@ -349,6 +454,13 @@ BlockBudget load_block_budget(const std::string& path) {
   if (j.contains("ctx")) b.ctx = int_of(j["ctx"], "ctx", 0);
   if (j.contains("mean_k") && j["mean_k"].is_number()) b.mean_k = j["mean_k"].get<double>();
   b.k = per_layer_counts(j["k"], path, "k");
+  if (j.contains("near")) {
+    b.near = per_layer_counts(j["near"], path, "near");
+    FOCUS_CHECK(b.near.size() == b.k.size(), path, ": 'near' has ", b.near.size(), " layers, 'k' ", b.k.size());
+    for (size_t l = 0; l < b.k.size(); ++l)
+      FOCUS_CHECK(b.near[l].size() == b.k[l].size(), path, ": layer ", l, " has ", b.near[l].size(),
+                  " near counts and ", b.k[l].size(), " budgets");
+  }
   return b;
 }
 

@@ -12,6 +12,15 @@
 // one block at a time goes to the head whose missed mass falls most by it (greedy; each head's
 // curve is convex where its blocks are ranked well, which is where it matters).
 //
+// Near blocks (near_max > 0): a head may also widen its window, reading the N_h complete blocks
+// just before the block of its last far key whatever their bound, besides its K_h ranked ones
+// (per-head window widths, in whole blocks). The curves are then missed_h(N, K) for N = 0 ..
+// near_max, K ranked among the blocks the N leave, and the budgets fix the mean of N_h + K_h:
+// each head's best split of c blocks, min over N + K = c of missed_h(N, K), is what the blocks are
+// allocated against (greedy on the steps of best gain per block, as those curves need not be
+// convex). Heads whose attention is near get wide windows, heads whose far attention is found by
+// the bounds get ranked blocks.
+//
 // The budget file (JSON, "format": "focus-block-budget") holds the settings it was measured with
 // (block, window, sinks, ctx) and K_h for every layer (an empty list for layers not routed);
 // `--attention blocktopk:budget=FILE` reads it.
@@ -27,23 +36,29 @@ namespace focus {
 
 struct BlockMassCurves {
   int64_t block = 8, window = 64, sinks = 1, k_max = 0;
+  int64_t near_max = 0;  // most near blocks a head may read (0: none, the window alone)
   int64_t layers = 0, heads = 0;
-  // [layers * heads * (k_max + 1)]: summed over rows, the attention probability beyond the window
-  // and the sinks that the forced block and the first K ranked blocks do not hold.
+  // [layers * heads * (near_max + 1) * (k_max + 1)]: summed over rows, the attention probability
+  // beyond the window and the sinks that the forced block, the N near blocks before it and the
+  // first K ranked blocks of the rest do not hold.
   std::vector<double> missed;
   std::vector<double> far;        // [layers * heads] the far probability summed over rows
   std::vector<int64_t> rows;      // [layers] rows with a far key, per layer (0: layer not measured)
   // Measured around a hybrid's groups (GroupReads): [layers * heads] the far keys (beyond the window
   // and the sinks) the groups read, summed over rows: what the groups cost. Empty without groups.
   std::vector<double> group_keys;
-  double missed_at(int64_t l, int64_t h, int64_t k) const { return missed[(l * heads + h) * (k_max + 1) + k]; }
+  double missed_at(int64_t l, int64_t h, int64_t k) const { return missed_at(l, h, 0, k); }
+  double missed_at(int64_t l, int64_t h, int64_t n, int64_t k) const {
+    return missed[((l * heads + h) * (near_max + 1) + n) * (k_max + 1) + k];
+  }
 };
 
 // Runs m over ids in windows of ctx tokens (BOS first when the model has one) with dense
 // attention on every global layer and measures the curves there. Stops early (returning what it
 // has) after Ctrl-C; progress on stderr when asked.
 BlockMassCurves measure_block_mass(const Model& m, const std::vector<int32_t>& ids, int64_t ctx, int64_t block,
-                                   int64_t window, int64_t sinks, int64_t k_max, bool progress);
+                                   int64_t window, int64_t sinks, int64_t k_max, bool progress,
+                                   int64_t near_max = 0);
 
 // What a hybrid's groups read beyond the window, for calibrating its blocks: key j is read by
 // query head h of row t when key_group[r][j] (r = h / heads_per_router) is one of the k groups
@@ -61,7 +76,8 @@ struct GroupReads {
 void measure_block_mass_call(const AttentionCall& a, BlockMassCurves& cv, const GroupReads* groups = nullptr);
 
 // Empty curves for a model's layers and heads.
-BlockMassCurves block_mass_curves(const ModelConfig& c, int64_t block, int64_t window, int64_t sinks, int64_t k_max);
+BlockMassCurves block_mass_curves(const ModelConfig& c, int64_t block, int64_t window, int64_t sinks, int64_t k_max,
+                                  int64_t near_max = 0);
 
 // Runs m over ids in windows of ctx tokens with a float32 KV cache through plan, whose policies
 // measure (BlockMassProbe, or a hybrid's policies with FocusSettings::block_calibration set).
@@ -72,8 +88,12 @@ void run_block_calibration(const Model& m, const std::vector<int32_t>& ids, int6
 // Budgets with mean_k blocks per measured (layer, head) on average (rounded down to whole blocks
 // in total): [layers][heads], empty for layers not measured. Each K_h is at most curves.k_max
 // (and cap, when cap >= 0). mean_k must be finite, in [0, 2^20].
+// With near blocks measured (curves.near_max > 0) mean_k is the mean of N_h + K_h, cap bounds
+// N_h + K_h, and near ([layers][heads], as the result) receives each head's N_h; without, near
+// (when given) is left empty.
 std::vector<std::vector<int64_t>> allocate_block_budget(const BlockMassCurves& curves, double mean_k,
-                                                        int64_t cap = -1);
+                                                        int64_t cap = -1,
+                                                        std::vector<std::vector<int64_t>>* near = nullptr);
 
 // The curves as a safetensors file (missed [layers, heads, k_max + 1] and far [layers, heads] per
 // row, rows [layers], and group_keys [layers, heads] per row when measured around groups; block,
@@ -86,6 +106,9 @@ struct BlockBudget {
   int64_t block = 8, window = 64, sinks = 1, ctx = 0;
   double mean_k = 0;
   std::vector<std::vector<int64_t>> k;  // [layers][heads], empty for layers not routed
+  // [layers][heads] near blocks (before the block of the last far key, read whatever their
+  // bound), as k; empty: none.
+  std::vector<std::vector<int64_t>> near;
   // Per layer: the missed and far probability per row under these budgets at calibration (for the report).
   std::vector<double> layer_missed, layer_far;
 };

@@ -226,10 +226,18 @@ int block_topk_select(const AttentionCall& a, BlockTopKState& st, const BlockTop
   qg.assign(a.T * H * kq, -1);
   FOCUS_CHECK(s.head_k.empty() || (int64_t)s.head_k.size() == H, "block top-k: ", s.head_k.size(),
               " head budgets for ", H, " heads (layer ", a.layer, ")");
+  FOCUS_CHECK(s.head_near.empty() || (int64_t)s.head_near.size() == H, "block top-k: ", s.head_near.size(),
+              " near counts for ", H, " heads (layer ", a.layer, ")");
+  FOCUS_CHECK(s.head_near.empty() || R == 1, "block top-k: near blocks need blocks chosen on every row (every=1)");
   static thread_local std::vector<int64_t> kh_buf;  // the calling thread's, kept across calls
   std::vector<int64_t>& kh = kh_buf;
   kh.resize(H);
-  for (int64_t h = 0; h < H; ++h) kh[h] = std::min(s.k_of(h), K);
+  for (int64_t h = 0; h < H; ++h) kh[h] = std::min(s.k_of(h) + s.near_of(h), K);
+  // A head's near blocks (the last of its nb candidates) rank first: their bounds become +inf.
+  auto force_near = [&](int64_t h, float* bd, int64_t nb) {
+    const int64_t n = std::min(s.near_of(h), nb);
+    std::fill(bd + nb - n, bd + nb, std::numeric_limits<float>::infinity());
+  };
   // Row t's current block (that of its last far key p - w), or -1 when it has no far key; a head
   // chooses when it has more candidates than its budget.
   auto current = [&](int64_t t) {
@@ -296,6 +304,7 @@ int block_topk_select(const AttentionCall& a, BlockTopKState& st, const BlockTop
       for (int64_t i = 0; i < a.T * H; ++i) {
         const int64_t t = i / H, h = i % H, cur = current(t);
         if (cur < 0 || !picks(t) || !chooses(h, cur - lo)) continue;
+        force_near(h, bd + i * max_cand, cur - lo);
         block_topk_pick(bd + i * max_cand, cur - lo, kh[h], lo, qg.data() + i * kq, cand);
       }
     }
@@ -345,6 +354,7 @@ int block_topk_select(const AttentionCall& a, BlockTopKState& st, const BlockTop
         for (int64_t t = t0; t < t1; ++t)
           for (int64_t i = t - t0, x = 0; x < nh[i]; ++x) {
             const int64_t h = chosen[i * hpk + x];
+            force_near(h, bound.data() + (i * hpk + x) * stride, current(t) - lo);
             block_topk_pick(bound.data() + (i * hpk + x) * stride, current(t) - lo, kh[h], lo,
                             qg.data() + (t * H + h) * kq, cand);
           }
@@ -507,7 +517,7 @@ BlockTopKSettings block_topk_settings(const AttentionOptions& o, const ModelConf
     s.block = b.block;
     s.window = b.window;
     s.sinks = b.sinks;
-    s.set_head_k(kl);
+    s.set_head_k(kl, b.near.empty() ? std::vector<int64_t>{} : b.near[layer]);
     // Settings the file fixes may be repeated, not changed.
     const std::pair<const char*, int64_t> fixed[] = {{"block", b.block}, {"window", b.window}, {"sinks", b.sinks}};
     for (const auto& [key, v] : fixed)

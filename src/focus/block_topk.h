@@ -41,11 +41,18 @@ struct BlockTopKSettings {
   // Per query head of the layer: its own K (block_budget.h); empty: every head reads k. When set,
   // k is their maximum.
   std::vector<int64_t> head_k;
+  // Per query head: the near blocks it reads besides its K, the N complete blocks just before the
+  // block of its last far key, whatever their bound (a window wider by N blocks; block_budget.h);
+  // empty: none. Not with select_every > 1.
+  std::vector<int64_t> head_near;
   int64_t k_of(int64_t h) const { return head_k.empty() ? k : head_k[h]; }
-  // Per-head budgets, k their largest.
-  void set_head_k(std::vector<int64_t> v) {
+  int64_t near_of(int64_t h) const { return head_near.empty() ? 0 : head_near[h]; }
+  // Per-head budgets (and near blocks, empty or one per head), k the largest K_h + N_h.
+  void set_head_k(std::vector<int64_t> v, std::vector<int64_t> near = {}) {
     head_k = std::move(v);
-    k = head_k.empty() ? 0 : *std::max_element(head_k.begin(), head_k.end());
+    head_near = std::move(near);
+    k = 0;
+    for (size_t h = 0; h < head_k.size(); ++h) k = std::max(k, head_k[h] + (head_near.empty() ? 0 : head_near[h]));
   }
 };
 
@@ -121,7 +128,8 @@ void block_topk_pick(float* bd, int64_t nb, int64_t Kh, int64_t lo, int32_t* slo
 // fewer when the call's rows have fewer candidates). Slot 0 holds the block of the row's last far
 // key p - w (its keys up to p - w are far, the rest are in the window, which the kernel shows
 // anyway); the others the top K (head h: s.k_of(h)) complete blocks before it by their bound,
-// ascending, then -1. A row with no far key beyond the sinks (p - w < S) reads
+// ascending, then -1; a head with near blocks N_h lists, of its K_h + N_h, the N_h before slot 0's
+// block and its top K_h of the others. A row with no far key beyond the sinks (p - w < S) reads
 // nothing. st must hold the keys up to the call's last row.
 // With s.select_every R > 1 a row's chosen blocks are its tile's (BlockTopKSettings::select_every),
 // followed by the blocks from the tile's first far block up to its own current one (kq is larger

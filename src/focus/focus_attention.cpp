@@ -319,7 +319,7 @@ BlockTopKSettings hybrid_blocks(const FocusSettings& fs) {
   bs.block = fs.block_size;
   bs.k = fs.blocks;
   bs.select_every = fs.block_select_every;
-  if (!fs.block_head_k.empty()) bs.set_head_k(fs.block_head_k);
+  if (!fs.block_head_k.empty()) bs.set_head_k(fs.block_head_k, fs.block_head_near);
   bs.window = fs.local_window;
   bs.sinks = fs.sinks;
   return bs;
@@ -731,6 +731,7 @@ AttentionPlan make_plan(const ModelConfig& c, const FocusRouters& f, FocusMode m
       FocusSettings fl = fs;
       fl.topk = f.layer_topk(r);
       if (!f.block_budget.empty()) fl.block_head_k = f.block_budget[l];
+      if (!f.block_near.empty()) fl.block_head_near = f.block_near[l];
       plan.layers[l] = std::make_shared<AsymmetricFocusAttention>(fl, &f.routers[r], f.routers_per_layer,
                                                                   grads ? &(*grads)[r] : nullptr, r, hook);
     }

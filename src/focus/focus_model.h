@@ -86,6 +86,9 @@ struct FocusSettings {
   // Per query head of one layer, its own number of blocks in place of `blocks` (set per layer
   // from FocusRouters::block_budget when the plan is made; empty: every head reads `blocks`).
   std::vector<int64_t> block_head_k;
+  // Per query head of one layer, the near blocks it reads besides those (BlockTopKSettings::
+  // head_near; from FocusRouters::block_near); empty: none.
+  std::vector<int64_t> block_head_near;
   // Calibrating the hybrid's block budgets (`focus budget --focus`): when set, a hard asymmetric
   // layer routes as usual, adds to these curves the attention its groups leave unread
   // (focus/block_budget.h), and computes dense attention, so the forward stays the model's own.
@@ -105,6 +108,9 @@ struct FocusRouters {
   // "block_budget"): [model layer][query head], empty for layers without; settings.blocks is then
   // the largest.
   std::vector<std::vector<int64_t>> block_budget;
+  // Per head, the near blocks read besides its budget (focus.json "block_near", as block_budget;
+  // empty: none).
+  std::vector<std::vector<int64_t>> block_near;
   int64_t n_params() const;
   // The mean far mass of the routers of the layer whose first router is r (-1: not measured).
   float layer_far_mass(int64_t r) const;
@@ -123,10 +129,11 @@ struct FocusRouters {
 };
 
 // Gives f the hybrid pattern's per-head block budgets k ([model layer][query head], empty for a
-// layer without; every routed global layer needs one) and sets settings.blocks to their largest.
-// Errors name `where` (a file) and the problem.
+// layer without; every routed global layer needs one), and near blocks per head (empty, or
+// shaped as k), and sets settings.blocks to the largest k + near. Errors name `where` (a file)
+// and the problem.
 void set_block_budget(FocusRouters& f, const ModelConfig& c, std::vector<std::vector<int64_t>> k,
-                      const std::string& where);
+                      const std::string& where, std::vector<std::vector<int64_t>> near = {});
 
 // The width of the vectors a router of these settings reads (model dim, or head_dim with qk input).
 int64_t router_input_dim(const ModelConfig& c, const FocusSettings& s);

@@ -34,7 +34,7 @@ void block_read_bits(const AttentionCall& a, const BlockBudget& b, std::vector<u
   bs.block = b.block;
   bs.window = b.window;
   bs.sinks = b.sinks;
-  bs.set_head_k(b.k[a.layer]);
+  bs.set_head_k(b.k[a.layer], b.near.empty() ? std::vector<int64_t>{} : b.near[a.layer]);
   std::vector<int32_t> qg;
   const int kq = block_topk_select_window(a, bs, qg);
   by_row.assign(H * T * words, 0);

@@ -22,6 +22,7 @@
 
 using namespace focus;
 using focus::test::random_normal;
+using focus::test::softmax_row;
 
 namespace {
 
@@ -29,22 +30,6 @@ ModelConfig small_config() { return focus::test::one_global_layer_config(); }
 
 BlockMassCurves empty_curves(const ModelConfig& c, int64_t block, int64_t window, int64_t sinks, int64_t k_max) {
   return block_mass_curves(c, block, window, sinks, k_max);
-}
-
-// Attention probabilities of row p, query head h over keys 0 .. p, in float64.
-std::vector<double> softmax_row(const std::vector<float>& q, const std::vector<float>& k, const ModelConfig& c,
-                                int64_t p, int64_t h) {
-  const int64_t hd = c.head_dim, g = h / (c.heads / c.kv_heads);
-  std::vector<double> e(p + 1);
-  double mx = -INFINITY, z = 0;
-  for (int64_t j = 0; j <= p; ++j) {
-    double d = 0;
-    for (int64_t y = 0; y < hd; ++y) d += (double)q[p * c.q_dim() + h * hd + y] * k[j * c.kv_dim() + g * hd + y];
-    mx = std::max(mx, e[j] = d * c.attn_scale);
-  }
-  for (double& x : e) z += (x = std::exp(x - mx));
-  for (double& x : e) x /= z;
-  return e;
 }
 
 // The block bounds block top-k keeps for the first n keys of k.

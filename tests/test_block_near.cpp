@@ -20,6 +20,8 @@
 
 using namespace focus;
 using focus::test::random_normal;
+using focus::test::softmax_row;
+using focus::test::rows_call;
 
 namespace {
 
@@ -64,33 +66,6 @@ std::set<int64_t> listed(const std::vector<int32_t>& qg, int kq, int64_t row, in
     if (b >= 0) EXPECT_TRUE(s.insert(b).second) << "block " << b << " listed twice";
   }
   return s;
-}
-
-// Attention probabilities of row p, head h over keys 0 .. p, in float64.
-std::vector<double> softmax_row(const std::vector<float>& q, const std::vector<float>& k, const ModelConfig& c,
-                                int64_t p, int64_t h) {
-  const int64_t hd = c.head_dim, g = h / (c.heads / c.kv_heads);
-  std::vector<double> e(p + 1);
-  double mx = -INFINITY, z = 0;
-  for (int64_t j = 0; j <= p; ++j) {
-    double d = 0;
-    for (int64_t y = 0; y < hd; ++y) d += (double)q[p * c.q_dim() + h * hd + y] * k[j * c.kv_dim() + g * hd + y];
-    mx = std::max(mx, e[j] = d * c.attn_scale);
-  }
-  for (double& x : e) z += (x = std::exp(x - mx));
-  for (double& x : e) x /= z;
-  return e;
-}
-
-AttentionCall rows_call(const ModelConfig& c, const std::vector<float>& q, const std::vector<float>& k, int64_t pos0,
-                        int64_t T) {
-  AttentionCall a;
-  a.cfg = &c;
-  a.pos0 = pos0;
-  a.T = T;
-  a.q = q.data() + pos0 * c.q_dim();
-  a.k = k.data();
-  return a;
 }
 
 }  // namespace

@@ -24,6 +24,7 @@ using focus::test::hidden_of;
 using focus::test::max_abs_diff;
 using focus::test::random_model;
 using focus::test::random_normal;
+using focus::test::rows_call;
 using focus::test::window_of;
 
 namespace {
@@ -97,18 +98,6 @@ std::vector<double> reference_attention(const std::vector<float>& q, const std::
       for (int64_t y = 0; y < hd; ++y) o[p * c.q_dim() + h * hd + y] /= sum;
     }
   return o;
-}
-
-// The call of rows pos0 .. pos0+T-1 of q over the keys k (values and output not set).
-AttentionCall rows_call(const ModelConfig& c, const std::vector<float>& q, const std::vector<float>& k, int64_t pos0,
-                        int64_t T) {
-  AttentionCall a;
-  a.cfg = &c;
-  a.pos0 = pos0;
-  a.T = T;
-  a.q = q.data() + pos0 * c.q_dim();
-  a.k = k.data();
-  return a;
 }
 
 std::string error_of(const ModelConfig& c, const std::string& spec) {

@@ -8,6 +8,7 @@
 #include <random>
 #include <vector>
 
+#include "model/attention.h"
 #include "model/model.h"
 
 namespace focus::test {
@@ -22,6 +23,35 @@ inline ModelConfig one_global_layer_config() {
   c.attn_scale = 1.f / std::sqrt(8.f);
   c.layer_sliding_window = {0};
   return c;
+}
+
+// Attention probabilities of row p, query head h over keys 0 .. p of float q and k (rows of c's
+// q_dim and kv_dim), in float64: the reference for what block selections miss.
+inline std::vector<double> softmax_row(const std::vector<float>& q, const std::vector<float>& k, const ModelConfig& c,
+                                       int64_t p, int64_t h) {
+  const int64_t hd = c.head_dim, g = h / (c.heads / c.kv_heads);
+  std::vector<double> e(p + 1);
+  double mx = -INFINITY, z = 0;
+  for (int64_t j = 0; j <= p; ++j) {
+    double d = 0;
+    for (int64_t y = 0; y < hd; ++y) d += (double)q[p * c.q_dim() + h * hd + y] * k[j * c.kv_dim() + g * hd + y];
+    mx = std::max(mx, e[j] = d * c.attn_scale);
+  }
+  for (double& x : e) z += (x = std::exp(x - mx));
+  for (double& x : e) x /= z;
+  return e;
+}
+
+// The call of rows pos0 .. pos0+T-1 of q over the keys k (values and output not set).
+inline AttentionCall rows_call(const ModelConfig& c, const std::vector<float>& q, const std::vector<float>& k,
+                               int64_t pos0, int64_t T) {
+  AttentionCall a;
+  a.cfg = &c;
+  a.pos0 = pos0;
+  a.T = T;
+  a.q = q.data() + pos0 * c.q_dim();
+  a.k = k.data();
+  return a;
 }
 
 inline std::vector<float> random_normal(size_t n, uint32_t seed, float scale = 1.f) {

@@ -182,7 +182,9 @@ std::string describe_focus(const FocusRouters* f) {
          (s.mode == FocusMode::Hard && s.far_bias ? ", far-pair terms" : "") +
          (s.mode == FocusMode::Hard && s.blocks > 0
               ? (f->block_budget.empty() ? ", blocks 1+" + std::to_string(s.blocks)
-                                         : ", blocks 1+" + mean_budget(f->block_budget) + " per head on average") +
+                                         : ", blocks 1+" + mean_budget(f->block_budget) + " per head on average" +
+                                               (f->block_near.empty() ? ""
+                                                                      : " (+" + mean_budget(f->block_near) + " near)")) +
                     " of " + std::to_string(s.block_size) +
                     (s.block_select_every > 1 ? ", chosen every " + std::to_string(s.block_select_every) + " rows"
                                               : "")

@@ -23,6 +23,8 @@ struct BudgetFlags {
   std::string out, curves, from_curves, focus_dir;
   int topk = 0;
   int64_t ctx = 4096, max_tokens = 0, block = 8, window = 64, sinks = 1, k_max = 0, near_max = 0;
+  bool group_switch = false;
+  double group_weight = 1.0;
   std::vector<double> mean_k;
   CLI::App* app = nullptr;
 };
@@ -44,8 +46,10 @@ nlohmann::json write_budget(const BudgetFlags& f, const BlockMassCurves& cv, dou
   b.sinks = f.sinks;
   b.ctx = f.ctx;
   b.mean_k = mean_k;
-  b.k = allocate_block_budget(cv, mean_k, cap, &b.near);
+  b.k = allocate_block_budget(cv, mean_k, cap, &b.near, f.group_switch ? &b.group : nullptr, f.group_weight);
+  b.group_weight = f.group_weight;
   auto near_of = [&](int64_t L, int64_t h) { return b.near.empty() ? int64_t{0} : b.near[L][h]; };
+  auto keeps = [&](int64_t L, int64_t h) { return b.group.empty() || b.group[L][h] != 0; };
   const std::string out = out_path(f.out, mean_k);
   // Per layer, per row and head: the far probability, and what uniform k and the budgets miss.
   const int64_t H = cv.heads, ku = std::min<int64_t>(cv.k_max, (int64_t)std::llround(mean_k));
@@ -57,8 +61,10 @@ nlohmann::json write_budget(const BudgetFlags& f, const BlockMassCurves& cv, dou
   // Around groups: the far keys they read per row and head (their cost, to weigh against blocks).
   const bool grouped = !cv.group_keys.empty();
   double all_gkeys = 0;
-  std::printf("layer | far prob | missed, k=%lld each | missed, budgets |%s k per head%s\n", (long long)ku,
-              grouped ? " group keys |" : "", b.near.empty() ? "" : " (near+ranked)");
+  std::printf("layer | far prob | missed, k=%lld each | missed, budgets |%s k per head%s%s\n", (long long)ku,
+              grouped ? " group keys |" : "", b.near.empty() ? "" : " (near+ranked)",
+              b.group.empty() ? "" : " (* : the head reads its groups)");
+  int64_t kept = 0, heads = 0;
   b.layer_missed.assign(cv.layers, 0.0);
   b.layer_far.assign(cv.layers, 0.0);
   for (int64_t L = 0; L < cv.layers; ++L) {
@@ -66,9 +72,11 @@ nlohmann::json write_budget(const BudgetFlags& f, const BlockMassCurves& cv, dou
     double far = 0, uni = 0, bud = 0, gk = 0;
     for (int64_t h = 0; h < H; ++h) {
       far += cv.far[L * H + h];
-      if (grouped) gk += cv.group_keys[L * H + h];
+      if (grouped && keeps(L, h)) gk += cv.group_keys[L * H + h];
       uni += cv.missed_at(L, h, ku);
-      bud += cv.missed_at(L, h, near_of(L, h), b.k[L][h]);
+      bud += keeps(L, h) ? cv.missed_at(L, h, near_of(L, h), b.k[L][h]) : cv.missed_plain_at(L, h, near_of(L, h), b.k[L][h]);
+      kept += keeps(L, h);
+      ++heads;
     }
     const double per = 1.0 / ((double)cv.rows[L] * (double)H);
     b.layer_far[L] = far * per;
@@ -80,7 +88,8 @@ nlohmann::json write_budget(const BudgetFlags& f, const BlockMassCurves& cv, dou
     all_gkeys += gk;
     std::string ks, gcol;
     for (int64_t h = 0; h < H; ++h)
-      ks += (h ? " " : "") + (b.near.empty() ? "" : std::to_string(near_of(L, h)) + "+") + std::to_string(b.k[L][h]);
+      ks += (h ? " " : "") + (b.near.empty() ? "" : std::to_string(near_of(L, h)) + "+") + std::to_string(b.k[L][h]) +
+            (!b.group.empty() && keeps(L, h) ? "*" : "");
     if (grouped) {
       char buf[32];
       std::snprintf(buf, sizeof buf, " %10.1f |", gk * per);
@@ -95,6 +104,9 @@ nlohmann::json write_budget(const BudgetFlags& f, const BlockMassCurves& cv, dou
     std::printf(" %10.1f | (the groups' keys: %.1f blocks of %lld)", all_gkeys * per, all_gkeys * per / (double)f.block,
                 (long long)f.block);
   std::printf("\n");
+  if (!b.group.empty())
+    std::printf("group switch (groups' mass weighted %g): %lld of %lld heads read their groups; the mean %g counts "
+                "their keys in blocks\n", f.group_weight, (long long)kept, (long long)heads, mean_k);
   save_block_budget(out, b);
   std::printf("wrote %s (use: --attention blocktopk:budget=%s)\n", out.c_str(), out.c_str());
   nlohmann::json j = {{"out", out},       {"block", f.block},         {"window", f.window},
@@ -113,6 +125,11 @@ nlohmann::json write_budget(const BudgetFlags& f, const BlockMassCurves& cv, dou
     j["mean_near"] = heads ? near / (double)heads : 0.0;
   }
   if (grouped) j["group_keys"] = all_gkeys * per;
+  if (!b.group.empty()) {
+    j["heads_with_groups"] = kept;
+    j["heads"] = heads;
+    j["group_weight"] = f.group_weight;
+  }
   return j;
 }
 
@@ -124,6 +141,7 @@ int run_budget(const BudgetFlags& f) {
     top = std::max(top, k);
     FOCUS_CHECK(outs.insert(out_path(f.out, k)).second, "budget: two --mean-k values write ", out_path(f.out, k));
   }
+  FOCUS_CHECK(f.group_switch || f.app->count("--group-weight") == 0, "budget: --group-weight needs --group-switch");
   FOCUS_CHECK(f.mean_k.size() == 1 || f.out.find("{k}") != std::string::npos,
               "budget: with several --mean-k values, --out must hold {k} (e.g. budget_k{k}.json)");
   const int64_t k_max = f.k_max > 0 ? f.k_max : std::max<int64_t>(1, (int64_t)std::ceil(4 * top));
@@ -137,12 +155,16 @@ int run_budget(const BudgetFlags& f) {
          {"--block-size", "--window", "--sinks", "--ctx", "--max-tokens", "--curves", "--focus", "--topk", "--near-max"})
       FOCUS_CHECK(f.app->count(flag) == 0, "budget: ", flag, " does not apply with --from-curves (the curves were measured with theirs)");
     cv = load_block_curves(f.from_curves, &g.ctx);
+    FOCUS_CHECK(!f.group_switch || !cv.missed_plain.empty(), f.from_curves,
+                ": --group-switch needs curves measured around a hybrid's groups (focus budget --focus DIR --curves F)");
     g.block = cv.block;
     g.window = cv.window;
     g.sinks = cv.sinks;
     FOCUS_CHECK(cv.k_max >= top, f.from_curves, ": measured up to k ", cv.k_max, ", below --mean-k ", top);
   } else {
     FOCUS_CHECK(!f.s.model.empty() && !f.texts.empty(), "budget: give --model and --text (or --from-curves FILE)");
+    FOCUS_CHECK(!f.group_switch || !f.focus_dir.empty(),
+                "budget: --group-switch chooses per head between a hybrid's groups and blocks alone: give --focus DIR");
     const Loaded l = f.s.load();
     const Model& m = *l.model;
     const std::vector<int32_t> ids = io::load_text_tokens(*m.tok, f.texts, f.max_tokens);
@@ -213,6 +235,12 @@ Command add_budget(CLI::App& app) {
   sub->add_option("--focus", f->focus_dir,
                   "asymmetric routers: budgets for the hybrid pattern, counting only what their groups leave "
                   "unread (run them with the same --window, --sinks and --topk)");
+  sub->add_flag("--group-switch", f->group_switch,
+               "with --focus (or curves measured with it): let each head drop its groups where blocks find more "
+               "for the keys; the mean k then counts the kept groups' keys too, in blocks");
+  sub->add_option("--group-weight", f->group_weight,
+                  "with --group-switch: what the mass a group reads is worth against the mass blocks read "
+                  "(default 1)");
   sub->add_option("--topk", f->topk, "with --focus: the groups each query reads (default: the folder's)");
   sub->add_option("--ctx", f->ctx, "window length in tokens (incl. BOS): calibrate at the length you evaluate");
   sub->add_option("--max-tokens", f->max_tokens, "use only the first T text tokens");

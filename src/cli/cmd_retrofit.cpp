@@ -41,6 +41,8 @@ int run_retrofit_cmd(const RetrofitFlags& f) {
   if (!f.residual_budget.empty()) {
     FOCUS_CHECK(o.objective == "distill", "--residual-budget needs --objective distill");
     auto b = std::make_shared<BlockBudget>(load_block_budget(f.residual_budget));
+    FOCUS_CHECK(b->group.empty(), f.residual_budget,
+                ": a budget with a group switch is for the hybrid's evaluation; the residual is block top-k's own");
     check_block_budget(*b, o.focus.local_window, o.focus.sinks, m.cfg, f.residual_budget);
     o.distill.residual = b;
   }
@@ -49,7 +51,8 @@ int run_retrofit_cmd(const RetrofitFlags& f) {
                 "--block-budget sets each head's blocks and their size: drop --blocks and --block-size");
     const BlockBudget b = load_block_budget(f.block_budget);
     check_block_budget(b, o.focus.local_window, o.focus.sinks, m.cfg, f.block_budget);
-    FOCUS_CHECK(b.near.empty(), f.block_budget, ": budgets with near blocks are for evaluation (focus eval, generate); "
+    FOCUS_CHECK(b.near.empty() && b.group.empty(), f.block_budget,
+                ": budgets with near blocks or a group switch are for evaluation (focus eval, generate); "
                 "train through budgets without them");
     o.focus.block_size = b.block;
     o.block_budget = b.k;

@@ -107,6 +107,7 @@ std::unique_ptr<FocusRouters> FocusFlags::make(const Model& m) const {
     if (blocks >= 0) {  // uniform blocks replace them
       f->block_budget.clear();
       f->block_near.clear();
+      f->block_group.clear();
     }
   }
   if (blocks >= 0) {
@@ -127,7 +128,8 @@ std::unique_ptr<FocusRouters> FocusFlags::make(const Model& m) const {
     f->settings.block_size = b.block;
     f->block_budget.clear();
     f->block_near.clear();
-    set_block_budget(*f, m.cfg, b.k, block_budget, b.near);
+    f->block_group.clear();
+    set_block_budget(*f, m.cfg, b.k, block_budget, b.near, b.group);
   }
   if (block_select_every >= 0) {  // (its range is checked where it is parsed)
     FOCUS_CHECK(f->settings.blocks > 0, "--block-select-every applies to the hybrid pattern (routers with blocks, or "
@@ -163,6 +165,16 @@ std::string mean_budget(const std::vector<std::vector<int64_t>>& k) {
   std::snprintf(buf, sizeof buf, "%.1f", n ? sum / (double)n : 0.0);
   return buf;
 }
+// ", groups read by 5 of 90 heads" for a group switch, "" without one.
+std::string groups_read(const std::vector<std::vector<int64_t>>& g) {
+  int64_t on = 0, n = 0;
+  for (const auto& gl : g)
+    for (int64_t x : gl) {
+      on += x != 0;
+      ++n;
+    }
+  return n ? ", groups read by " + std::to_string(on) + " of " + std::to_string(n) + " heads" : "";
+}
 }  // namespace
 
 void Loaded::check_decodes(const char* what) const {
@@ -184,7 +196,8 @@ std::string describe_focus(const FocusRouters* f) {
               ? (f->block_budget.empty() ? ", blocks 1+" + std::to_string(s.blocks)
                                          : ", blocks 1+" + mean_budget(f->block_budget) + " per head on average" +
                                                (f->block_near.empty() ? ""
-                                                                      : " (+" + mean_budget(f->block_near) + " near)")) +
+                                                                      : " (+" + mean_budget(f->block_near) + " near)") +
+                                               groups_read(f->block_group)) +
                     " of " + std::to_string(s.block_size) +
                     (s.block_select_every > 1 ? ", chosen every " + std::to_string(s.block_select_every) + " rows"
                                               : "")

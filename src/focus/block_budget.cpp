@@ -48,11 +48,11 @@ void measure_block_mass_call(const AttentionCall& a, BlockMassCurves& cv, const 
   BlockTopKState st(B, kvh_n, hd);
   st.append(cpu::KvView(a.k), kvd, n);
   const int64_t lo = S / B;
-  std::vector<double> miss(H * per_head, 0.0), far(H, 0.0), gkeys(H, 0.0);
+  std::vector<double> miss(H * per_head, 0.0), plain(groups ? H * per_head : 0, 0.0), far(H, 0.0), gkeys(H, 0.0);
   int64_t rows = 0;
 #pragma omp parallel
   {
-    std::vector<double> miss_t(H * per_head, 0.0), far_t(H, 0.0), gkeys_t(H, 0.0);
+    std::vector<double> miss_t(H * per_head, 0.0), plain_t(plain.size(), 0.0), far_t(H, 0.0), gkeys_t(H, 0.0);
     std::vector<float> e(n);
     std::vector<double> bm;
     std::vector<float> bound;
@@ -77,7 +77,46 @@ void measure_block_mass_call(const AttentionCall& a, BlockMassCurves& cv, const 
           e[j] = std::exp(e[j] - mx);
           z += e[j];
         }
+        auto mass = [&](int64_t j0, int64_t j1) {  // probability of keys j0 .. j1-1
+          double m = 0;
+          for (int64_t j = std::max(j0, S); j < j1; ++j) m += e[j];
+          return m / z;
+        };
+        // The ranking depends on q and the keys only: one order for both curves.
+        cand.resize(nb);
+        bound.resize(nb);
+        block_bounds(q, st, h / hpk, lo, cur, bound.data());
+        for (float& x : bound)
+          if (std::isnan(x)) x = -std::numeric_limits<float>::infinity();  // ranked last, as the selection does
+        for (int64_t b = lo; b < cur; ++b) cand[b - lo] = {bound[b - lo], (int32_t)b};
+        // The order block top-k chooses in: of the first KM + NM, at most NM are near ones.
+        const int64_t kk = std::min(KM + NM, nb);
+        std::partial_sort(cand.begin(), cand.begin() + kk, cand.end(), block_ranks_before);
+        // Adds to out (per_head entries) the mass the selections leave unread of e as it stands;
+        // returns the far mass.
+        auto curves = [&](double* out) {
+          const double F = mass(S, f + 1);
+          const double mcur = mass(cur * B, f + 1);
+          bm.assign(nb, 0.0);
+          for (int64_t b = lo; b < cur; ++b) bm[b - lo] = mass(b * B, (b + 1) * B);
+          double near_mass = 0;  // of the N blocks just before the current one
+          for (int64_t n = 0; n <= NM; ++n) {
+            const int64_t first_near = std::max(lo, cur - n);  // near blocks: first_near .. cur-1
+            if (n > 0 && cur - n >= lo) near_mass += bm[cur - n - lo];
+            double left = std::max(0.0, F - mcur - near_mass);
+            double* mrow = out + n * (KM + 1);
+            mrow[0] += left;
+            for (int64_t i = 0, x = 0; i < KM; ++i) {
+              while (x < kk && cand[x].second >= first_near) ++x;  // read as near blocks already
+              if (x < kk) left = std::max(0.0, left - bm[cand[x++].second - lo]);
+              else left = 0.0;  // every candidate read
+              mrow[i + 1] += left;
+            }
+          }
+          return F;
+        };
         if (groups) {  // keys the groups read count as neither far nor block mass
+          curves(plain_t.data() + h * per_head);  // first as if they were not read
           const int32_t* qg = groups->query_groups + (t * H + h) * groups->k;
           const int32_t* kg = (*groups->key_group)[h / groups->heads_per_router].data();
           int64_t read = 0;
@@ -88,46 +127,13 @@ void measure_block_mass_call(const AttentionCall& a, BlockMassCurves& cv, const 
             }
           gkeys_t[h] += (double)read;
         }
-        auto mass = [&](int64_t j0, int64_t j1) {  // probability of keys j0 .. j1-1
-          double m = 0;
-          for (int64_t j = std::max(j0, S); j < j1; ++j) m += e[j];
-          return m / z;
-        };
-        const double F = mass(S, f + 1);
-        const double mcur = mass(cur * B, f + 1);
-        bm.assign(nb, 0.0);
-        cand.resize(nb);
-        bound.resize(nb);
-        block_bounds(q, st, h / hpk, lo, cur, bound.data());
-        for (float& x : bound)
-          if (std::isnan(x)) x = -std::numeric_limits<float>::infinity();  // ranked last, as the selection does
-        for (int64_t b = lo; b < cur; ++b) {
-          bm[b - lo] = mass(b * B, (b + 1) * B);
-          cand[b - lo] = {bound[b - lo], (int32_t)b};
-        }
-        // The order block top-k chooses in: of the first KM + NM, at most NM are near ones.
-        const int64_t kk = std::min(KM + NM, nb);
-        std::partial_sort(cand.begin(), cand.begin() + kk, cand.end(), block_ranks_before);
-        double near_mass = 0;  // of the N blocks just before the current one
-        for (int64_t n = 0; n <= NM; ++n) {
-          const int64_t first_near = std::max(lo, cur - n);  // near blocks: first_near .. cur-1
-          if (n > 0 && cur - n >= lo) near_mass += bm[cur - n - lo];
-          double left = std::max(0.0, F - mcur - near_mass);
-          double* mrow = miss_t.data() + h * per_head + n * (KM + 1);
-          mrow[0] += left;
-          for (int64_t i = 0, x = 0; i < KM; ++i) {
-            while (x < kk && cand[x].second >= first_near) ++x;  // read as near blocks already
-            if (x < kk) left = std::max(0.0, left - bm[cand[x++].second - lo]);
-            else left = 0.0;  // every candidate read
-            mrow[i + 1] += left;
-          }
-        }
-        far_t[h] += F;
+        far_t[h] += curves(miss_t.data() + h * per_head);
       }
     }
 #pragma omp critical
     {
       for (size_t i = 0; i < miss.size(); ++i) miss[i] += miss_t[i];
+      for (size_t i = 0; i < plain.size(); ++i) plain[i] += plain_t[i];
       for (int64_t h = 0; h < H; ++h) {
         far[h] += far_t[h];
         gkeys[h] += gkeys_t[h];
@@ -141,7 +147,12 @@ void measure_block_mass_call(const AttentionCall& a, BlockMassCurves& cv, const 
   }
   if (groups) {
     if (cv.group_keys.empty()) cv.group_keys.assign(cv.layers * H, 0.0);
-    for (int64_t h = 0; h < H; ++h) cv.group_keys[a.layer * H + h] += gkeys[h];
+    if (cv.missed_plain.empty()) cv.missed_plain.assign(cv.missed.size(), 0.0);
+    for (int64_t h = 0; h < H; ++h) {
+      cv.group_keys[a.layer * H + h] += gkeys[h];
+      for (int64_t x = 0; x < per_head; ++x)
+        cv.missed_plain[(a.layer * H + h) * per_head + x] += plain[h * per_head + x];
+    }
   }
   cv.rows[a.layer] += rows;
 }
@@ -192,37 +203,44 @@ BlockMassCurves measure_block_mass(const Model& m, const std::vector<int32_t>& i
 
 namespace {
 
-// allocate_block_budget with near blocks: each head's best split of c blocks between near and
-// ranked ones, and the blocks given by steps of best mean gain per block.
-std::vector<std::vector<int64_t>> allocate_with_near(const BlockMassCurves& cv, int64_t total, int64_t top,
-                                                     std::vector<std::vector<int64_t>>& k,
-                                                     std::vector<std::vector<int64_t>>* near_out) {
+// Each head's least missed mass with c = 0 .. top blocks under the curves miss(l, h, n, k), split
+// at best between n near and k ranked ones (ties to fewer near blocks): best[(l * H + h) * (top + 1)
+// + c], and its near part in split. Heads of layers not measured (k[l] empty) stay 0.
+struct BestSplits {
+  std::vector<double> best;
+  std::vector<int64_t> split;
+};
+template <class Miss>
+BestSplits best_splits(const BlockMassCurves& cv, int64_t top, const std::vector<std::vector<int64_t>>& k, Miss miss) {
   const int64_t NM = cv.near_max, KM = cv.k_max, L = cv.layers, H = cv.heads;
-  // best[(l * H + h) * (top + 1) + c]: the least missed mass with c blocks, and its near part.
-  std::vector<double> best(L * H * (top + 1), 0.0);
-  std::vector<int64_t> split(L * H * (top + 1), 0);
+  BestSplits b{std::vector<double>(L * H * (top + 1), 0.0), std::vector<int64_t>(L * H * (top + 1), 0)};
   for (int64_t l = 0; l < L; ++l) {
     if (k[l].empty()) continue;
     for (int64_t h = 0; h < H; ++h)
       for (int64_t c = 0; c <= top; ++c) {
-        double b = std::numeric_limits<double>::infinity();
+        double m = std::numeric_limits<double>::infinity();
         int64_t bn = 0;
         for (int64_t n = std::max<int64_t>(0, c - KM); n <= std::min(NM, c); ++n) {
-          const double m = cv.missed_at(l, h, n, c - n);
-          if (m < b) {  // ties to fewer near blocks
-            b = m;
+          const double x = miss(l, h, n, c - n);
+          if (x < m) {
+            m = x;
             bn = n;
           }
         }
-        best[(l * H + h) * (top + 1) + c] = b;
-        split[(l * H + h) * (top + 1) + c] = bn;
+        b.best[(l * H + h) * (top + 1) + c] = m;
+        b.split[(l * H + h) * (top + 1) + c] = bn;
       }
   }
-  std::vector<int64_t> given(L * H, 0);
-  // A head's best step from c blocks (at most `room` more): the most missed mass saved per block,
-  // ties to the shorter step.
+  return b;
+}
+
+// Gives `left` more blocks to the heads (given[l * H + h] each, of the measured layers), in steps
+// of best mean gain per block on each head's curve best_of[l * H + h] (top + 1 entries): the most
+// missed mass saved per block, ties to the shorter step, then to the lower layer and head.
+void fill_greedy(const std::vector<const double*>& best_of, const std::vector<std::vector<int64_t>>& k, int64_t H,
+                 int64_t top, std::vector<int64_t>& given, int64_t left) {
   auto step = [&](int64_t l, int64_t h, int64_t room) {
-    const double* b = best.data() + (l * H + h) * (top + 1);
+    const double* b = best_of[l * H + h];
     const int64_t c = given[l * H + h];
     double gain = -1;
     int64_t len = 0;
@@ -241,8 +259,7 @@ std::vector<std::vector<int64_t>> allocate_with_near(const BlockMassCurves& cv, 
     const auto [g, s] = step(l, h, room);
     if (s > 0) pq.emplace(g, -l, -h, s);
   };
-  int64_t left = total;
-  for (int64_t l = 0; l < L; ++l)
+  for (int64_t l = 0; l < (int64_t)k.size(); ++l)
     for (int64_t h = 0; h < (int64_t)k[l].size(); ++h) push(l, h, left);
   while (left > 0 && !pq.empty()) {
     const auto [g, nl, nh, s] = pq.top();
@@ -256,28 +273,162 @@ std::vector<std::vector<int64_t>> allocate_with_near(const BlockMassCurves& cv, 
     left -= s;
     push(l, h, left);
   }
-  if (near_out) near_out->assign(L, {});
-  for (int64_t l = 0; l < L; ++l) {
+}
+
+// The blocks of each head (given[l * H + h]) as ranked and near counts by its split.
+void write_splits(const std::vector<int64_t>& given, const std::vector<const int64_t*>& split_of, int64_t H,
+                  std::vector<std::vector<int64_t>>& k, std::vector<std::vector<int64_t>>* near_out) {
+  if (near_out) near_out->assign(k.size(), {});
+  for (size_t l = 0; l < k.size(); ++l) {
     if (k[l].empty()) continue;
     if (near_out) (*near_out)[l].assign(H, 0);
     for (int64_t h = 0; h < H; ++h) {
-      const int64_t c = given[l * H + h], n = split[(l * H + h) * (top + 1) + c];
+      const int64_t c = given[l * H + h], n = split_of[l * H + h][c];
       k[l][h] = c - n;
       if (near_out) (*near_out)[l][h] = n;
     }
   }
+}
+
+// allocate_block_budget with near blocks: each head's best split of c blocks between near and
+// ranked ones, and the blocks given by steps of best mean gain per block.
+std::vector<std::vector<int64_t>> allocate_with_near(const BlockMassCurves& cv, int64_t total, int64_t top,
+                                                     std::vector<std::vector<int64_t>>& k,
+                                                     std::vector<std::vector<int64_t>>* near_out) {
+  const int64_t L = cv.layers, H = cv.heads;
+  const BestSplits bs =
+      best_splits(cv, top, k, [&](int64_t l, int64_t h, int64_t n, int64_t kk) { return cv.missed_at(l, h, n, kk); });
+  std::vector<const double*> best_of(L * H);
+  std::vector<const int64_t*> split_of(L * H);
+  for (int64_t i = 0; i < L * H; ++i) {
+    best_of[i] = bs.best.data() + i * (top + 1);
+    split_of[i] = bs.split.data() + i * (top + 1);
+  }
+  std::vector<int64_t> given(L * H, 0);
+  fill_greedy(best_of, k, H, top, given, total);
+  write_splits(given, split_of, H, k, near_out);
+  return k;
+}
+
+// allocate_block_budget with the group switch: total counts blocks and the kept groups' keys (in
+// blocks). Three candidates, the one that leaves least mass unread (the groups' mass weighted;
+// ties to the first): each head
+// choosing group or not by a Lagrangian price per block and the blocks topped up greedily; every
+// group kept; none kept.
+std::vector<std::vector<int64_t>> allocate_with_switch(const BlockMassCurves& cv, int64_t total, int64_t top,
+                                                       std::vector<std::vector<int64_t>>& k,
+                                                       std::vector<std::vector<int64_t>>* near_out,
+                                                       std::vector<std::vector<int64_t>>& group_out, double weight) {
+  const int64_t L = cv.layers, H = cv.heads, T1 = top + 1;
+  // Per row, so that layers of different row counts weigh alike.
+  auto per = [&](int64_t l) { return 1.0 / (double)std::max<int64_t>(1, cv.rows[l]); };
+  const BestSplits on = best_splits(cv, top, k, [&](int64_t l, int64_t h, int64_t n, int64_t kk) {
+    const double plain = cv.missed_plain_at(l, h, n, kk);
+    return (plain - weight * (plain - cv.missed_at(l, h, n, kk))) * per(l);
+  });
+  const BestSplits off = best_splits(cv, top, k, [&](int64_t l, int64_t h, int64_t n, int64_t kk) {
+    return cv.missed_plain_at(l, h, n, kk) * per(l);
+  });
+  std::vector<double> g(L * H, 0.0);  // a kept group's keys per row, in blocks
+  std::vector<int64_t> heads;         // l * H + h of the measured heads
+  for (int64_t l = 0; l < L; ++l)
+    if (!k[l].empty())
+      for (int64_t h = 0; h < H; ++h) {
+        g[l * H + h] = cv.group_keys[l * H + h] * per(l) / (double)cv.block;
+        heads.push_back(l * H + h);
+      }
+  struct Choice {
+    std::vector<int64_t> given, keep;
+    double missed = std::numeric_limits<double>::infinity(), cost = 0;
+  };
+  // Tops the choice up with the whole blocks its cost leaves of total, and scores it.
+  auto finish = [&](Choice& ch) {
+    std::vector<const double*> best_of(L * H);
+    double cost = 0;
+    for (int64_t i : heads) {
+      best_of[i] = (ch.keep[i] ? on.best : off.best).data() + i * T1;
+      cost += (double)ch.given[i] + (ch.keep[i] ? g[i] : 0.0);
+    }
+    const int64_t left = (int64_t)std::floor((double)total - cost + 1e-9);
+    if (left < 0) return;  // does not fit
+    fill_greedy(best_of, k, H, top, ch.given, left);
+    ch.missed = 0;
+    ch.cost = 0;
+    for (int64_t i : heads) {
+      ch.missed += best_of[i][ch.given[i]];
+      ch.cost += (double)ch.given[i] + (ch.keep[i] ? g[i] : 0.0);
+    }
+  };
+  // At price lambda per block, each head's cheapest (missed + lambda * cost) of both curves; ties
+  // to the lower cost.
+  auto priced = [&](double lambda) {
+    Choice ch{std::vector<int64_t>(L * H, 0), std::vector<int64_t>(L * H, 0)};
+    for (int64_t i : heads) {
+      double bv = std::numeric_limits<double>::infinity(), bc = 0;
+      for (int keep = 0; keep <= 1; ++keep) {
+        const double* b = (keep ? on.best : off.best).data() + i * T1;
+        for (int64_t c = 0; c <= top; ++c) {
+          const double cost = (double)c + (keep ? g[i] : 0.0), v = b[c] + lambda * cost;
+          if (v < bv - 1e-15 || (v <= bv + 1e-15 && cost < bc)) {
+            bv = v;
+            bc = cost;
+            ch.given[i] = c;
+            ch.keep[i] = keep;
+          }
+        }
+      }
+      ch.cost += bc;
+    }
+    return ch;
+  };
+  // The least price whose choice fits (the cost falls as the price rises; a block saves at most a
+  // row's far probability, 1, so at price 2 little but what is free is bought; when even that does
+  // not fit, the candidate with no group wins).
+  double lo = 0, hi = 2;
+  if (priced(lo).cost > (double)total) {
+    for (int it = 0; it < 100 && hi - lo > 1e-12; ++it) {
+      const double mid = 0.5 * (lo + hi);
+      (priced(mid).cost > (double)total ? lo : hi) = mid;
+    }
+  } else {
+    hi = lo;
+  }
+  std::vector<Choice> cand;
+  cand.push_back(priced(hi));
+  cand.push_back({std::vector<int64_t>(L * H, 0), std::vector<int64_t>(L * H, 1)});
+  cand.push_back({std::vector<int64_t>(L * H, 0), std::vector<int64_t>(L * H, 0)});
+  const Choice* pick = nullptr;
+  for (Choice& ch : cand) {
+    finish(ch);
+    if (!pick || ch.missed < pick->missed - 1e-12) pick = &ch;
+  }
+  std::vector<const int64_t*> split_of(L * H);
+  for (int64_t i = 0; i < L * H; ++i) split_of[i] = (pick->keep[i] ? on.split : off.split).data() + i * T1;
+  write_splits(pick->given, split_of, H, k, near_out);
+  group_out.assign(L, {});
+  for (int64_t l = 0; l < L; ++l)
+    if (!k[l].empty()) {
+      group_out[l].assign(H, 0);
+      for (int64_t h = 0; h < H; ++h) group_out[l][h] = pick->keep[l * H + h];
+    }
   return k;
 }
 
 }  // namespace
 
 std::vector<std::vector<int64_t>> allocate_block_budget(const BlockMassCurves& cv, double mean_k, int64_t cap,
-                                                        std::vector<std::vector<int64_t>>* near) {
+                                                        std::vector<std::vector<int64_t>>* near,
+                                                        std::vector<std::vector<int64_t>>* group, double group_weight) {
   FOCUS_CHECK(std::isfinite(mean_k) && mean_k >= 0 && mean_k <= (1 << 20),
               "block budget: the mean k must be in [0, 2^20], got ", mean_k);
   const int64_t most = cv.k_max + cv.near_max;
   const int64_t top = cap >= 0 ? std::min(cap, most) : most;
   if (near) near->clear();
+  if (group) group->clear();
+  FOCUS_CHECK(std::isfinite(group_weight) && group_weight > 0 && group_weight <= 1e6,
+              "block budget: the groups' weight must be in (0, 1e6], got ", group_weight);
+  FOCUS_CHECK(!group || (!cv.missed_plain.empty() && !cv.group_keys.empty()),
+              "block budget: the group switch needs curves measured around a hybrid's groups (focus budget --focus)");
   std::vector<std::vector<int64_t>> k(cv.layers);
   int64_t measured = 0;
   for (int64_t l = 0; l < cv.layers; ++l)
@@ -288,6 +439,12 @@ std::vector<std::vector<int64_t>> allocate_block_budget(const BlockMassCurves& c
   FOCUS_CHECK(measured > 0, "block budget: no layer had a row with keys beyond the window (text too short?)");
   const int64_t total =
       (int64_t)std::min(std::floor(mean_k * (double)measured + 1e-9), (double)measured * (double)top);
+  if (group) {
+    std::vector<std::vector<int64_t>> n;
+    allocate_with_switch(cv, total, top, k, &n, *group, group_weight);
+    if (near && cv.near_max > 0) *near = std::move(n);
+    return k;
+  }
   if (cv.near_max > 0) return allocate_with_near(cv, total, top, k, near);
   // Greedy: each block to the head whose missed mass falls most by it (ties to the lower layer, head).
   using Item = std::tuple<double, int64_t, int64_t>;  // gain, -layer, -head
@@ -308,11 +465,33 @@ std::vector<std::vector<int64_t>> allocate_block_budget(const BlockMassCurves& c
   return k;
 }
 
+BudgetCost budget_cost(const BlockMassCurves& cv, const std::vector<std::vector<int64_t>>& k,
+                       const std::vector<std::vector<int64_t>>& near, const std::vector<std::vector<int64_t>>& group) {
+  FOCUS_CHECK((int64_t)k.size() == cv.layers, "block budget: budgets for ", k.size(), " layers, the curves have ",
+              cv.layers);
+  BudgetCost out;
+  for (int64_t l = 0; l < cv.layers; ++l) {
+    if (k[l].empty() || cv.rows[l] == 0) continue;
+    const double per = 1.0 / (double)cv.rows[l];
+    for (int64_t h = 0; h < cv.heads; ++h) {
+      const int64_t n = near.empty() ? 0 : near[l][h];
+      const bool keep = group.empty() || group[l][h] != 0;
+      FOCUS_CHECK(keep || !cv.missed_plain.empty(), "block budget: heads without their group need curves measured around groups");
+      out.missed += (keep ? cv.missed_at(l, h, n, k[l][h]) : cv.missed_plain_at(l, h, n, k[l][h])) * per;
+      out.blocks += (double)(n + k[l][h]);
+      if (keep && !cv.group_keys.empty()) out.blocks += cv.group_keys[l * cv.heads + h] * per / (double)cv.block;
+    }
+  }
+  return out;
+}
+
 void save_block_curves(const std::string& path, const BlockMassCurves& cv, int64_t ctx) {
   const int64_t L = cv.layers, H = cv.heads, K1 = cv.k_max + 1, N1 = cv.near_max + 1;
   // Stored per row (means), so that float32 keeps them exact enough at any number of rows.
   const bool grouped = !cv.group_keys.empty();
-  std::vector<float> missed(L * H * N1 * K1), far(L * H), rows(L), gkeys(grouped ? L * H : 0);
+  const bool plain = !cv.missed_plain.empty();
+  std::vector<float> missed(L * H * N1 * K1), far(L * H), rows(L), gkeys(grouped ? L * H : 0),
+      mplain(plain ? missed.size() : 0);
   for (int64_t l = 0; l < L; ++l) {
     const double per = cv.rows[l] > 0 ? 1.0 / (double)cv.rows[l] : 0.0;
     rows[l] = (float)cv.rows[l];
@@ -320,8 +499,10 @@ void save_block_curves(const std::string& path, const BlockMassCurves& cv, int64
       far[l * H + h] = (float)(cv.far[l * H + h] * per);
       if (grouped) gkeys[l * H + h] = (float)(cv.group_keys[l * H + h] * per);
       for (int64_t n = 0; n < N1; ++n)
-        for (int64_t k = 0; k < K1; ++k)
+        for (int64_t k = 0; k < K1; ++k) {
           missed[((l * H + h) * N1 + n) * K1 + k] = (float)(cv.missed_at(l, h, n, k) * per);
+          if (plain) mplain[((l * H + h) * N1 + n) * K1 + k] = (float)(cv.missed_plain_at(l, h, n, k) * per);
+        }
     }
   }
   // [layers, heads, k_max + 1] without near blocks (as before they existed), else
@@ -330,6 +511,7 @@ void save_block_curves(const std::string& path, const BlockMassCurves& cv, int64
   std::map<std::string, io::F32Tensor> t = {
       {"missed", {mshape, missed}}, {"far", {{L, H}, far}}, {"rows", {{L}, rows}}};
   if (grouped) t["group_keys"] = {{L, H}, gkeys};
+  if (plain) t["missed_plain"] = {mshape, mplain};
   io::save_safetensors(path, t,
                        {{"format", "focus-block-curves"},
                         {"block", std::to_string(cv.block)},
@@ -390,6 +572,14 @@ BlockMassCurves load_block_curves(const std::string& path, int64_t* ctx) {
     for (float x : gv) FOCUS_CHECK(std::isfinite(x) && x >= 0, path, ": 'group_keys' holds ", x);
     cv.group_keys.resize(gv.size());
   }
+  std::vector<float> pv;
+  if (const io::STTensor* pt = f.find("missed_plain")) {
+    FOCUS_CHECK(pt->shape == m.shape, path, ": 'missed_plain' must have the shape of 'missed'");
+    FOCUS_CHECK(!gv.empty(), path, ": 'missed_plain' without 'group_keys'");
+    pv = f.to_float(*pt);
+    for (float x : pv) FOCUS_CHECK(std::isfinite(x) && x >= 0, path, ": 'missed_plain' holds ", x);
+    cv.missed_plain.resize(pv.size());
+  }
   // Back to sums over rows, as measured.
   cv.missed.resize(mv.size());
   cv.far.resize(fv.size());
@@ -398,8 +588,11 @@ BlockMassCurves load_block_curves(const std::string& path, int64_t* ctx) {
     for (int64_t h = 0; h < cv.heads; ++h) {
       cv.far[l * cv.heads + h] = (double)fv[l * cv.heads + h] * (double)cv.rows[l];
       if (!gv.empty()) cv.group_keys[l * cv.heads + h] = (double)gv[l * cv.heads + h] * (double)cv.rows[l];
-      for (int64_t x = 0; x < per_head; ++x)
-        cv.missed[(l * cv.heads + h) * per_head + x] = (double)mv[(l * cv.heads + h) * per_head + x] * (double)cv.rows[l];
+      for (int64_t x = 0; x < per_head; ++x) {
+        const int64_t i = (l * cv.heads + h) * per_head + x;
+        cv.missed[i] = (double)mv[i] * (double)cv.rows[l];
+        if (!pv.empty()) cv.missed_plain[i] = (double)pv[i] * (double)cv.rows[l];
+      }
     }
   return cv;
 }
@@ -411,6 +604,10 @@ void save_block_budget(const std::string& path, const BlockBudget& b) {
                       {"window", b.window},             {"sinks", b.sinks}, {"ctx", b.ctx},
                       {"mean_k", b.mean_k},             {"k", k}};
   if (!b.near.empty()) j["near"] = b.near;
+  if (!b.group.empty()) {
+    j["group"] = b.group;
+    j["group_weight"] = b.group_weight;
+  }
   if (!b.layer_missed.empty()) {
     j["layer_missed"] = b.layer_missed;
     j["layer_far"] = b.layer_far;
@@ -460,6 +657,16 @@ BlockBudget load_block_budget(const std::string& path) {
     for (size_t l = 0; l < b.k.size(); ++l)
       FOCUS_CHECK(b.near[l].size() == b.k[l].size(), path, ": layer ", l, " has ", b.near[l].size(),
                   " near counts and ", b.k[l].size(), " budgets");
+  }
+  if (j.contains("group")) {
+    b.group = per_layer_counts(j["group"], path, "group");
+    FOCUS_CHECK(b.group.size() == b.k.size(), path, ": 'group' has ", b.group.size(), " layers, 'k' ", b.k.size());
+    for (size_t l = 0; l < b.k.size(); ++l) {
+      FOCUS_CHECK(b.group[l].size() == b.k[l].size(), path, ": layer ", l, " has ", b.group[l].size(),
+                  " group switches and ", b.k[l].size(), " budgets");
+      for (int64_t x : b.group[l])
+        FOCUS_CHECK(x == 0 || x == 1, path, ": 'group' holds ", x, " (1: the head reads its groups, 0: it does not)");
+    }
   }
   return b;
 }

@@ -21,6 +21,14 @@
 // convex). Heads whose attention is near get wide windows, heads whose far attention is found by
 // the bounds get ranked blocks.
 //
+// The group switch (around a hybrid's groups, `focus budget --group-switch`): the calibration also
+// measures each head's curves as if its groups were not read (missed_plain), and a head may then
+// read no group at all: the budgets fix the mean of N_h + K_h plus, for the heads that keep their
+// group, the keys it reads in blocks' worth, and each head takes what costs least for the mass it
+// leaves (a Lagrangian choice between the two curves, the blocks topped up greedily; never worse
+// than all groups on or all off at the same mean). Heads whose group holds mass the bounds miss
+// keep it; heads whose group costs more than the blocks it replaces drop it.
+//
 // The budget file (JSON, "format": "focus-block-budget") holds the settings it was measured with
 // (block, window, sinks, ctx) and K_h for every layer (an empty list for layers not routed);
 // `--attention blocktopk:budget=FILE` reads it.
@@ -47,6 +55,13 @@ struct BlockMassCurves {
   // Measured around a hybrid's groups (GroupReads): [layers * heads] the far keys (beyond the window
   // and the sinks) the groups read, summed over rows: what the groups cost. Empty without groups.
   std::vector<double> group_keys;
+  // Measured around groups as well: missed as if the groups were not read (as missed, the same
+  // rows; the far probability of these curves is far + the mass the groups read). Empty without
+  // groups.
+  std::vector<double> missed_plain;
+  double missed_plain_at(int64_t l, int64_t h, int64_t n, int64_t k) const {
+    return missed_plain[((l * heads + h) * (near_max + 1) + n) * (k_max + 1) + k];
+  }
   double missed_at(int64_t l, int64_t h, int64_t k) const { return missed_at(l, h, 0, k); }
   double missed_at(int64_t l, int64_t h, int64_t n, int64_t k) const {
     return missed[((l * heads + h) * (near_max + 1) + n) * (k_max + 1) + k];
@@ -91,12 +106,30 @@ void run_block_calibration(const Model& m, const std::vector<int32_t>& ids, int6
 // With near blocks measured (curves.near_max > 0) mean_k is the mean of N_h + K_h, cap bounds
 // N_h + K_h, and near ([layers][heads], as the result) receives each head's N_h; without, near
 // (when given) is left empty.
+// With group (the group switch; the curves need missed_plain): group ([layers][heads], as the
+// result) receives 1 for the heads that read their groups, 0 for those that do not, and mean_k
+// counts the keys the kept groups read too, in blocks of curves.block (see above). group_weight
+// (> 0) is what a unit of the mass a group reads is worth against a unit the blocks read: the
+// allocation minimises plain - group_weight * (plain - missed) for the heads that keep their
+// groups (1: mass is mass; the mass a perplexity needs need not be spread alike).
 std::vector<std::vector<int64_t>> allocate_block_budget(const BlockMassCurves& curves, double mean_k,
                                                         int64_t cap = -1,
-                                                        std::vector<std::vector<int64_t>>* near = nullptr);
+                                                        std::vector<std::vector<int64_t>>* near = nullptr,
+                                                        std::vector<std::vector<int64_t>>* group = nullptr,
+                                                        double group_weight = 1.0);
+
+// Summed over the heads of the measured layers, per row: the mass budgets (k, near, group as
+// allocate_block_budget makes them; near and group may be empty) leave unread, and what they cost
+// in blocks (N + K, plus the kept groups' keys over the block size).
+struct BudgetCost {
+  double missed = 0, blocks = 0;
+};
+BudgetCost budget_cost(const BlockMassCurves& curves, const std::vector<std::vector<int64_t>>& k,
+                       const std::vector<std::vector<int64_t>>& near, const std::vector<std::vector<int64_t>>& group);
 
 // The curves as a safetensors file (missed [layers, heads, k_max + 1] and far [layers, heads] per
-// row, rows [layers], and group_keys [layers, heads] per row when measured around groups; block,
+// row, rows [layers], and group_keys [layers, heads] and missed_plain (as missed) per row when
+// measured around groups; block,
 // window, sinks and ctx in its metadata), so that budgets for other means can be made later without
 // measuring again. Load errors name the file.
 void save_block_curves(const std::string& path, const BlockMassCurves& cv, int64_t ctx);
@@ -109,6 +142,11 @@ struct BlockBudget {
   // [layers][heads] near blocks (before the block of the last far key, read whatever their
   // bound), as k; empty: none.
   std::vector<std::vector<int64_t>> near;
+  // [layers][heads] the group switch: 1 where the head reads its groups, 0 where it does not
+  // (hybrid routers only); empty: every head reads them. group_weight: the allocation's (for the
+  // record).
+  std::vector<std::vector<int64_t>> group;
+  double group_weight = 1.0;
   // Per layer: the missed and far probability per row under these budgets at calibration (for the report).
   std::vector<double> layer_missed, layer_far;
 };

@@ -510,6 +510,8 @@ BlockTopKSettings block_topk_settings(const AttentionOptions& o, const ModelConf
     FOCUS_CHECK(!path.empty(), "blocktopk: budget= needs a file name");
     const BlockBudget b = load_block_budget(path);
     FOCUS_CHECK((int64_t)b.k.size() == c.layers, path, ": budgets for ", b.k.size(), " layers, the model has ", c.layers);
+    FOCUS_CHECK(b.group.empty(), path, ": this budget switches the groups of a hybrid's heads (focus budget "
+                "--group-switch); block top-k alone reads no groups: run it with the routers (--focus DIR --block-budget)");
     const std::vector<int64_t>& kl = b.k[layer];
     FOCUS_CHECK((int64_t)kl.size() == c.heads, path, ": layer ", layer, " has ", kl.size(),
                 " head budgets, the model has ", c.heads, " heads",

@@ -601,6 +601,13 @@ class AsymmetricFocusAttention final : public AttentionPolicy {
     parallel_for_checked(RH, RH > 1 && T * c.heads <= cpu::kFewPairs && num_threads() > 1, route);
     ks->index.append(kg.data(), T);
     if (!far) return dense_attention().attend(a, state, nullptr);
+    if (!fs_.block_head_group.empty() && !fs_.block_calibration) {  // the group switch: heads reading no group
+      FOCUS_CHECK((int64_t)fs_.block_head_group.size() == c.heads, "Focus: ", fs_.block_head_group.size(),
+                  " group switches for ", c.heads, " heads (layer ", a.layer, ")");
+      for (int64_t h = 0; h < c.heads; ++h)
+        if (!fs_.block_head_group[h])
+          for (int64_t t = 0; t < T; ++t) std::fill_n(qg.data() + (t * c.heads + h) * k, k, -1);
+    }
     if (fs_.block_calibration) {
       FOCUS_CHECK(a.k && fs_.topp == 0.f, "block budget calibration: needs float keys and top-k groups");
       const GroupReads reads{qg.data(), k, &ks->index.key_group, heads_per};
@@ -732,6 +739,7 @@ AttentionPlan make_plan(const ModelConfig& c, const FocusRouters& f, FocusMode m
       fl.topk = f.layer_topk(r);
       if (!f.block_budget.empty()) fl.block_head_k = f.block_budget[l];
       if (!f.block_near.empty()) fl.block_head_near = f.block_near[l];
+      if (!f.block_group.empty()) fl.block_head_group = f.block_group[l];
       plan.layers[l] = std::make_shared<AsymmetricFocusAttention>(fl, &f.routers[r], f.routers_per_layer,
                                                                   grads ? &(*grads)[r] : nullptr, r, hook);
     }

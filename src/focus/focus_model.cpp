@@ -205,6 +205,7 @@ void save_focus(const FocusRouters& f, const std::string& dir, const ModelConfig
   if (!f.far_mass.empty()) j["far_mass"] = f.far_mass;
   if (!f.block_budget.empty()) j["block_budget"] = f.block_budget;
   if (!f.block_near.empty()) j["block_near"] = f.block_near;
+  if (!f.block_group.empty()) j["block_group"] = f.block_group;
   if (s.window_only_below > 0) j["window_only_below"] = s.window_only_below;
   if (s.dense_above < 1) j["dense_above"] = s.dense_above;
   io::write_file_atomic((fs::path(dir) / "focus.json").string(), j.dump(2) + "\n");
@@ -348,16 +349,20 @@ FocusRouters load_focus(const std::string& dir, const ModelConfig& c) {
   if (j.contains("block_budget")) {
     std::vector<std::vector<int64_t>> k = per_layer_counts(j["block_budget"], jp, "block_budget");
     std::vector<std::vector<int64_t>> near;
+    std::vector<std::vector<int64_t>> group;
     if (j.contains("block_near")) near = per_layer_counts(j["block_near"], jp, "block_near");
-    set_block_budget(f, c, std::move(k), jp, std::move(near));
+    if (j.contains("block_group")) group = per_layer_counts(j["block_group"], jp, "block_group");
+    set_block_budget(f, c, std::move(k), jp, std::move(near), std::move(group));
   } else {
     FOCUS_CHECK(!j.contains("block_near"), jp, ": 'block_near' without 'block_budget'");
+    FOCUS_CHECK(!j.contains("block_group"), jp, ": 'block_group' without 'block_budget'");
   }
   return f;
 }
 
 void set_block_budget(FocusRouters& f, const ModelConfig& c, std::vector<std::vector<int64_t>> k,
-                      const std::string& where, std::vector<std::vector<int64_t>> near) {
+                      const std::string& where, std::vector<std::vector<int64_t>> near,
+                      std::vector<std::vector<int64_t>> group) {
   FOCUS_CHECK(f.settings.asymmetric && !f.settings.group_bias, where,
               ": block budgets need asymmetric routers without group weights");
   FOCUS_CHECK((int64_t)k.size() == c.layers, where, ": block budgets for ", k.size(), " layers, the model has ",
@@ -370,6 +375,12 @@ void set_block_budget(FocusRouters& f, const ModelConfig& c, std::vector<std::ve
     FOCUS_CHECK(!routed || !k[l].empty(), where, ": routed layer ", l, " has no block budget");
     FOCUS_CHECK(near.empty() || near[l].size() == k[l].size(), where, ": layer ", l, " has ", near.empty() ? 0 : near[l].size(),
                 " near counts and ", k[l].size(), " block budgets");
+    FOCUS_CHECK(group.empty() || group[l].size() == k[l].size(), where, ": layer ", l, " has ",
+                group.empty() ? 0 : group[l].size(), " group switches and ", k[l].size(), " block budgets");
+    if (!group.empty())
+      for (int64_t x : group[l])
+        FOCUS_CHECK(x == 0 || x == 1, where, ": group switch ", x, " of layer ", l,
+                    " is neither 1 (the head reads its groups) nor 0 (blocks alone)");
     for (size_t h = 0; h < k[l].size(); ++h) {
       const int64_t x = k[l][h], n = near.empty() ? 0 : near[l][h];
       FOCUS_CHECK(x >= 0 && x <= (1 << 20), where, ": block budget ", x, " of layer ", l, " is out of range");
@@ -379,10 +390,13 @@ void set_block_budget(FocusRouters& f, const ModelConfig& c, std::vector<std::ve
   }
   FOCUS_CHECK(near.empty() || near.size() == k.size(), where, ": near counts for ", near.size(), " layers, budgets for ",
               k.size());
+  FOCUS_CHECK(group.empty() || group.size() == k.size(), where, ": group switches for ", group.size(),
+              " layers, budgets for ", k.size());
   FOCUS_CHECK(near.empty() || f.settings.block_select_every == 1, where,
               ": near blocks need blocks chosen on every row (block_select_every 1)");
   f.block_budget = std::move(k);
   f.block_near = std::move(near);
+  f.block_group = std::move(group);
   // The hybrid runs even when every budget is 0: each head then reads the block of its last far key.
   f.settings.blocks = std::max<int64_t>(1, top);
 }

@@ -89,6 +89,9 @@ struct FocusSettings {
   // Per query head of one layer, the near blocks it reads besides those (BlockTopKSettings::
   // head_near; from FocusRouters::block_near); empty: none.
   std::vector<int64_t> block_head_near;
+  // Per query head of one layer, whether it reads its groups (the group switch: 0 = blocks, window
+  // and sinks only; from FocusRouters::block_group); empty: every head reads them.
+  std::vector<int64_t> block_head_group;
   // Calibrating the hybrid's block budgets (`focus budget --focus`): when set, a hard asymmetric
   // layer routes as usual, adds to these curves the attention its groups leave unread
   // (focus/block_budget.h), and computes dense attention, so the forward stays the model's own.
@@ -111,6 +114,9 @@ struct FocusRouters {
   // Per head, the near blocks read besides its budget (focus.json "block_near", as block_budget;
   // empty: none).
   std::vector<std::vector<int64_t>> block_near;
+  // Per head, 1 where it reads its groups, 0 where it reads blocks alone (focus.json "block_group",
+  // as block_budget; empty: every head reads them).
+  std::vector<std::vector<int64_t>> block_group;
   int64_t n_params() const;
   // The mean far mass of the routers of the layer whose first router is r (-1: not measured).
   float layer_far_mass(int64_t r) const;
@@ -129,11 +135,12 @@ struct FocusRouters {
 };
 
 // Gives f the hybrid pattern's per-head block budgets k ([model layer][query head], empty for a
-// layer without; every routed global layer needs one), and near blocks per head (empty, or
-// shaped as k), and sets settings.blocks to the largest k + near. Errors name `where` (a file)
-// and the problem.
+// layer without; every routed global layer needs one), near blocks per head and the group switch
+// per head (each empty, or shaped as k; switches 0 or 1), and sets settings.blocks to the largest
+// k + near. Errors name `where` (a file) and the problem.
 void set_block_budget(FocusRouters& f, const ModelConfig& c, std::vector<std::vector<int64_t>> k,
-                      const std::string& where, std::vector<std::vector<int64_t>> near = {});
+                      const std::string& where, std::vector<std::vector<int64_t>> near = {},
+                      std::vector<std::vector<int64_t>> group = {});
 
 // The width of the vectors a router of these settings reads (model dim, or head_dim with qk input).
 int64_t router_input_dim(const ModelConfig& c, const FocusSettings& s);

@@ -172,3 +172,47 @@ TEST(Cli, BenchModelAgainstDenseReportsEachPair) {
   EXPECT_EQ(alone.code, 1);
   EXPECT_NE(alone.err.find("--against-dense needs an attention to compare"), std::string::npos) << alone.err;
 }
+
+// `focus budget --group-switch` end to end: calibrated around a router folder's groups it writes
+// budgets with a switch per head, `focus eval` runs them and says how many heads read their groups;
+// the switch without routers, and the weight without the switch, are refused.
+TEST(Cli, BudgetGroupSwitchRunsThroughEval) {
+  FOCUS_NEED_FILE(stories());
+  auto m = focus::load_model(stories(), focus::LoadOptions{tok512()});
+  focus::FocusSettings s;
+  s.asymmetric = true;
+  s.groups = 4;
+  s.dg = 8;
+  s.topk = 1;
+  s.local_window = 8;
+  s.sinks = 1;
+  s.mode = focus::FocusMode::Hard;
+  const std::string dir = ::testing::TempDir() + "/focus_cli_switch_routers";
+  focus::save_focus(focus::focus_init(m->cfg, s, 5), dir, m->cfg, "test");
+  const std::string out = ::testing::TempDir() + "/focus_cli_switch_budget.json";
+  const std::string budget = "budget " + model_args() + " --text " + text() +
+                             " --ctx 64 --max-tokens 252 --block-size 4 --window 8 --max-k 8 --near-max 2 --mean-k 3 --out " +
+                             out;
+  const CliRun made = run(budget + " --focus " + dir + " --group-switch --group-weight 2 --json", "made");
+  ASSERT_EQ(made.code, 0) << made.err;
+  const nlohmann::json j = nlohmann::json::parse(made.out.substr(made.out.rfind("\n{") + 1));  // the JSON line
+  EXPECT_EQ(j.at("group_weight").get<double>(), 2.0);
+  EXPECT_EQ(j.at("heads").get<int64_t>(), m->cfg.layers * m->cfg.heads);
+  const nlohmann::json file = nlohmann::json::parse(focus::read_file(out));
+  ASSERT_TRUE(file.contains("group"));
+  EXPECT_EQ((int64_t)file["group"].size(), m->cfg.layers);
+  const CliRun ev = run("eval " + model_args() + " --text " + text() + " --ctx 64 --max-tokens 128 --focus " + dir +
+                            " --mode hard --block-budget " + out + " --json",
+                        "eval");
+  ASSERT_EQ(ev.code, 0) << ev.err;
+  EXPECT_NE(ev.out.find(", groups read by " + std::to_string(j.at("heads_with_groups").get<int64_t>()) + " of " +
+                        std::to_string(m->cfg.layers * m->cfg.heads) + " heads"),
+            std::string::npos)
+      << ev.out;
+  const CliRun alone = run(budget + " --group-switch", "alone");
+  EXPECT_EQ(alone.code, 1);
+  EXPECT_NE(alone.err.find("--group-switch chooses per head"), std::string::npos) << alone.err;
+  const CliRun weight = run(budget + " --group-weight 2", "weight");
+  EXPECT_EQ(weight.code, 1);
+  EXPECT_NE(weight.err.find("--group-weight needs --group-switch"), std::string::npos) << weight.err;
+}

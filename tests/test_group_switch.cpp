@@ -223,7 +223,8 @@ TEST(GroupSwitch, FilesCarryTheSwitch) {
 }
 
 // The policy: every head switched off reads what block top-k with the same budgets reads (the
-// same outputs through another kernel); every head on is the hybrid without a switch; a mixture
+// same outputs through another kernel, for routers without far-pair terms: those weight the
+// blocks' pairs too); every head on is the hybrid without a switch; a mixture
 // lies between them, decodes token by token as one call computes it, is causal, and survives
 // focus.json.
 TEST(GroupSwitch, HeadsWithoutGroupsReadBlocksAlone) {

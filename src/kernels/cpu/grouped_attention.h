@@ -50,8 +50,9 @@ struct GroupedRouting {
 // The pattern. Query row t has position p = s.q_pos0 + t; pair (t, j) is visible for head h iff
 // j <= p and (p - j < s.local_window or j < s.sinks or key_group[r(h)][j] is one of
 // query_groups[t][h][0 .. kq) or j / block_size is one of query_blocks[t][h][0 .. kb)). A key in both
-// a read group and a read block counts once. With far-pair terms, a pair seen through a group only
-// adds far_q[r(h)][t] + far_k[r(h)][j] to its scaled score. s.sliding_window must be 0 and s.local_window >= 1, so every row
+// a read group and a read block counts once. With far-pair terms, every pair read beyond the window
+// and the sinks (through a group or a block) adds far_q[r(h)][t] + far_k[r(h)][j] to its scaled
+// score. s.sliding_window must be 0 and s.local_window >= 1, so every row
 // sees itself. o = softmax of the scaled scores over the visible keys, times v; lse[h, t] = the
 // natural log-sum-exp of the visible scaled scores. GQA: query head h reads kv head
 // h / (heads / kv_heads).

@@ -347,7 +347,8 @@ TEST(BlockBudget, MeasuresEveryGlobalLayerOfAModel) {
 }
 
 // With a hybrid's groups: keys a row's groups read count neither as far nor as block mass, so the
-// curves describe what the blocks must still find (against the same float64 reference).
+// curves describe what the blocks must still find (against the same float64 reference); the
+// curves without them are kept beside.
 TEST(BlockBudget, CurvesLeaveOutWhatTheGroupsRead) {
   const ModelConfig c = small_config();
   const int64_t n = 90, KM = 10, B = 4, w = 5, S = 1, G = 3, RH = 2, kq = 1;
@@ -368,6 +369,14 @@ TEST(BlockBudget, CurvesLeaveOutWhatTheGroupsRead) {
   measure_block_mass_call(a, with, &reads);
   measure_block_mass_call(a, without);
   EXPECT_TRUE(without.group_keys.empty());
+  // Around groups the curves as if they were not read are kept too (the group switch): those are
+  // the curves without groups, exactly; the groups only take mass away.
+  EXPECT_TRUE(without.missed_plain.empty());
+  ASSERT_EQ(with.missed_plain.size(), without.missed.size());
+  for (size_t i = 0; i < with.missed.size(); ++i) {
+    EXPECT_NEAR(with.missed_plain[i], without.missed[i], 1e-12 * (1 + without.missed[i])) << i;
+    EXPECT_LE(with.missed[i], with.missed_plain[i] + 1e-12) << i;
+  }
   BlockTopKState st = block_state(c, B, k, n);
   for (int64_t K = 0; K <= KM; ++K) {
     BlockTopKSettings s;

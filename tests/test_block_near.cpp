@@ -228,11 +228,7 @@ TEST(BlockNear, AllocationIsOptimalOnConvexBestSplits) {
 // files carry near_max; mismatched near lists are errors naming the file.
 TEST(BlockNear, FilesCarryNearCounts) {
   const ModelConfig c = focus::test::one_global_layer_config();
-  BlockBudget b;
-  b.block = 4;
-  b.window = 5;
-  b.sinks = 1;
-  b.k = {{0, 3, 1, 2}};
+  BlockBudget b = focus::test::small_budget({{0, 3, 1, 2}});
   b.near = {{2, 0, 1, 0}};
   const std::string path = ::testing::TempDir() + "/focus_near_budget.json";
   save_block_budget(path, b);

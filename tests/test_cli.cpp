@@ -14,6 +14,7 @@
 #include "focus/focus_model.h"
 #include "model/generate.h"
 #include "model/model.h"
+#include "test_models.h"
 #include "test_util.h"
 
 using focus::test::book;
@@ -27,6 +28,7 @@ CliRun run(const std::string& args, const std::string& tag = "") { return focus:
 
 std::string model_args() { return "--model " + stories() + " --tokenizer " + tok512(); }
 std::string text() { return book("pg-345-dracula.txt"); }
+
 
 }  // namespace
 
@@ -79,15 +81,7 @@ TEST(Cli, RouterFlagsWithRandomRoutersStillWork) {
 TEST(Cli, RouterFolderWithBlockBudgetsTakesItsOwnWindow) {
   FOCUS_NEED_FILE(stories());
   auto m = focus::load_model(stories(), focus::LoadOptions{tok512()});
-  focus::FocusSettings s;
-  s.asymmetric = true;
-  s.groups = 4;
-  s.dg = 8;
-  s.topk = 1;
-  s.local_window = 16;
-  s.sinks = 1;
-  s.mode = focus::FocusMode::Hard;
-  focus::FocusRouters f = focus::focus_init(m->cfg, s, 3);
+  focus::FocusRouters f = focus::focus_init(m->cfg, focus::test::asym_settings(4, 1, 16), 3);
   std::vector<std::vector<int64_t>> k(m->cfg.layers, std::vector<int64_t>(m->cfg.heads, 2));
   f.settings.block_size = 4;
   focus::set_block_budget(f, m->cfg, k, "test");
@@ -179,16 +173,8 @@ TEST(Cli, BenchModelAgainstDenseReportsEachPair) {
 TEST(Cli, BudgetGroupSwitchRunsThroughEval) {
   FOCUS_NEED_FILE(stories());
   auto m = focus::load_model(stories(), focus::LoadOptions{tok512()});
-  focus::FocusSettings s;
-  s.asymmetric = true;
-  s.groups = 4;
-  s.dg = 8;
-  s.topk = 1;
-  s.local_window = 8;
-  s.sinks = 1;
-  s.mode = focus::FocusMode::Hard;
   const std::string dir = ::testing::TempDir() + "/focus_cli_switch_routers";
-  focus::save_focus(focus::focus_init(m->cfg, s, 5), dir, m->cfg, "test");
+  focus::save_focus(focus::focus_init(m->cfg, focus::test::asym_settings(4, 1, 8), 5), dir, m->cfg, "test");
   const std::string out = ::testing::TempDir() + "/focus_cli_switch_budget.json";
   const std::string budget = "budget " + model_args() + " --text " + text() +
                              " --ctx 64 --max-tokens 252 --block-size 4 --window 8 --max-k 8 --near-max 2 --mean-k 3 --out " +

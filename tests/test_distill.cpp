@@ -27,21 +27,10 @@ using focus::test::hidden_of;
 using focus::test::max_abs_diff;
 using focus::test::random_model;
 using focus::test::window_of;
+using focus::test::asym_settings;
 
 namespace {
 
-FocusSettings asym_settings(int64_t groups, int topk, int64_t window) {
-  FocusSettings s;
-  s.asymmetric = true;
-  s.groups = groups;
-  s.dg = 8;
-  s.topk = topk;
-  s.local_window = window;
-  s.sinks = 1;
-  s.tau = 0.5f;
-  s.mode = FocusMode::Hard;
-  return s;
-}
 
 // Distillation losses of one window, for finite differences: query cross-entropy and key purity.
 DistillStats distill_stats(const Model& m, const FocusRouters& f, const test::Win& w, const DistillOptions& o,

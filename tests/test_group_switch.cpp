@@ -1,7 +1,6 @@
 // The group switch of the hybrid's budgets (focus/block_budget.h): heads that drop their groups and
-// read blocks alone. The calibration's curves without the groups against those measured with no
-// groups at all, the allocation against its pure candidates and a hand-made case, the files, and
-// the policy: every head switched off is block top-k with the same budgets, every head on is the
+// read blocks alone (the calibration's curves without the groups: test_block_budget.cpp). The
+// allocation against its pure candidates and a hand-made case, the files, and the policy: every head switched off is block top-k with the same budgets, every head on is the
 // hybrid, a mixture decodes as it prefills and is causal.
 #include <gtest/gtest.h>
 
@@ -41,38 +40,6 @@ std::vector<std::vector<int64_t>> per_head(const ModelConfig& c, const std::func
 }
 
 }  // namespace
-
-// Around groups the calibration also keeps the curves as if the groups were not read: those are
-// the curves of a calibration without groups, exactly (near blocks too).
-TEST(GroupSwitch, PlainCurvesAreTheCurvesWithoutGroups) {
-  const ModelConfig c = focus::test::one_global_layer_config();
-  const int64_t n = 90, KM = 8, NM = 3, B = 4, w = 5, S = 1, G = 3, RH = 2;
-  const auto q = random_normal(n * c.q_dim(), 41, 2.f);
-  const auto k = random_normal(n * c.kv_dim(), 42, 1.f);
-  std::vector<std::vector<int32_t>> key_group(RH, std::vector<int32_t>(n));
-  for (int64_t r = 0; r < RH; ++r)
-    for (int64_t j = 0; j < n; ++j) key_group[r][j] = (int32_t)((j * 5 + r * 3 + j / 4) % G);
-  std::vector<int32_t> qg(n * c.heads);
-  for (int64_t i = 0; i < (int64_t)qg.size(); ++i) qg[i] = (int32_t)((i * 7 + i / 5) % G);
-  const GroupReads reads{qg.data(), 1, &key_group, c.heads / RH};
-  BlockMassCurves with = block_mass_curves(c, B, w, S, KM, NM), without = with;
-  AttentionCall a;
-  a.cfg = &c;
-  a.q = q.data();
-  a.k = k.data();
-  a.T = n;
-  measure_block_mass_call(a, with, &reads);
-  measure_block_mass_call(a, without);
-  EXPECT_TRUE(without.missed_plain.empty());
-  ASSERT_EQ(with.missed_plain.size(), without.missed.size());
-  bool groups_matter = false;
-  for (size_t i = 0; i < with.missed.size(); ++i) {
-    EXPECT_NEAR(with.missed_plain[i], without.missed[i], 1e-12 * (1 + without.missed[i])) << i;
-    EXPECT_LE(with.missed[i], with.missed_plain[i] + 1e-12) << i;  // the groups only take mass away
-    groups_matter |= with.missed[i] < with.missed_plain[i] - 1e-3;
-  }
-  EXPECT_TRUE(groups_matter);
-}
 
 // The allocation: a head whose group holds what its blocks miss keeps it, a head whose group holds
 // nothing the blocks do not find drops it; groups that cost nothing are all kept, groups that cost
@@ -187,11 +154,7 @@ TEST(GroupSwitch, AllocationKeepsTheGroupsThatPay) {
 // naming the file; block top-k alone refuses a budget that switches groups.
 TEST(GroupSwitch, FilesCarryTheSwitch) {
   const ModelConfig c = focus::test::one_global_layer_config();
-  BlockBudget b;
-  b.block = 4;
-  b.window = 5;
-  b.sinks = 1;
-  b.k = {{0, 3, 1, 2}};
+  BlockBudget b = focus::test::small_budget({{0, 3, 1, 2}});
   b.group = {{1, 0, 0, 1}};
   const std::string path = temp_file("budget.json");
   save_block_budget(path, b);
@@ -232,15 +195,7 @@ TEST(GroupSwitch, HeadsWithoutGroupsReadBlocksAlone) {
   const ModelConfig& c = m->cfg;
   const int64_t n = 60, D = c.dim, B = 4, w = 3;
   const std::vector<int32_t> ids = focus::test::window_of(n, c.vocab, 11).ids;
-  FocusSettings s;
-  s.asymmetric = true;
-  s.groups = 4;
-  s.dg = 8;
-  s.topk = 1;
-  s.local_window = w;
-  s.sinks = 1;
-  s.tau = 0.5f;
-  s.mode = FocusMode::Hard;
+  FocusSettings s = focus::test::asym_settings(4, 1, w);
   s.per_kv_head = true;
   FocusRouters base = focus_init(c, s, 8);
   base.settings.block_size = B;

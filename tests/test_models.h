@@ -8,10 +8,36 @@
 #include <random>
 #include <vector>
 
+#include "focus/block_budget.h"
+#include "focus/focus_model.h"
 #include "model/attention.h"
 #include "model/model.h"
 
 namespace focus::test {
+
+// Hard asymmetric routers: d_g 8, tau 0.5, 1 sink, the given groups, top-k and window.
+inline FocusSettings asym_settings(int64_t groups, int topk, int64_t window) {
+  FocusSettings s;
+  s.asymmetric = true;
+  s.groups = groups;
+  s.dg = 8;
+  s.topk = topk;
+  s.local_window = window;
+  s.sinks = 1;
+  s.tau = 0.5f;
+  s.mode = FocusMode::Hard;
+  return s;
+}
+
+// A block budget of blocks of 4, a 5-token window and 1 sink with the given per-head counts.
+inline BlockBudget small_budget(std::vector<std::vector<int64_t>> k) {
+  BlockBudget b;
+  b.block = 4;
+  b.window = 5;
+  b.sinks = 1;
+  b.k = std::move(k);
+  return b;
+}
 
 // One global layer of 4 query heads on 2 kv heads of 8 dimensions (attention kernel tests).
 inline ModelConfig one_global_layer_config() {

@@ -220,11 +220,8 @@ TEST(GroupSwitch, HeadsWithoutGroupsReadBlocksAlone) {
   EXPECT_EQ(d_on, d_hyb);
 
   const auto out_off = run(focus_plan(c, with_switch(per_head(c, [](int64_t, int64_t) { return 0; }))), &d_off);
-  BlockBudget b;
-  b.block = B;
+  BlockBudget b = focus::test::small_budget(k);  // blocks of B = 4
   b.window = w;
-  b.sinks = 1;
-  b.k = k;
   b.near = near;
   const std::string path = temp_file("btk.json");
   save_block_budget(path, b);

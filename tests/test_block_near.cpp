@@ -265,3 +265,46 @@ TEST(BlockNear, FilesCarryNearCounts) {
   ASSERT_EQ(back.missed.size(), cv.missed.size());
   for (size_t i = 0; i < cv.missed.size(); ++i) EXPECT_NEAR(back.missed[i], cv.missed[i], 1e-5 * cv.missed[i]);
 }
+
+// The near blocks' weight: the allocation minimises missed(N, K) - (w - 1) * (what the N near
+// blocks read), so a larger weight moves blocks from ranked to near ones, within the same total;
+// weight 1 is the plain allocation. Not positive: refused.
+TEST(BlockNear, NearWeightMovesBlocksToTheWindow) {
+  ModelConfig c = focus::test::one_global_layer_config();
+  c.layers = 2;
+  c.layer_sliding_window = {0, 0};
+  const int64_t KM = 6, NM = 4;
+  int64_t near_1 = 0, near_4 = 0;
+  for (uint32_t seed = 1; seed <= 6; ++seed) {
+    BlockMassCurves cv = block_mass_curves(c, 4, 8, 1, KM, NM);
+    cv.rows = {10, 10};
+    const auto x = random_normal(cv.missed.size(), seed, 1.f);
+    for (int64_t lh = 0; lh < 8; ++lh)
+      for (int64_t N = 0; N <= NM; ++N)
+        for (int64_t K = 0; K <= KM; ++K) {
+          const size_t i = (lh * (NM + 1) + N) * (KM + 1) + K;
+          cv.missed[i] = 10.0 * std::exp(-0.25 * (double)(N + K) * (1 + 0.5 * std::fabs(x[i])));
+        }
+    for (double mean : {1.0, 2.5, 4.0}) {
+      std::vector<std::vector<int64_t>> n1, n4;
+      const auto k1 = allocate_block_budget(cv, mean, -1, &n1);
+      EXPECT_EQ(allocate_block_budget(cv, mean, -1, nullptr, nullptr, BudgetWeights{1.0, 1.0}), k1);
+      const auto k4 = allocate_block_budget(cv, mean, -1, &n4, nullptr, BudgetWeights{1.0, 4.0});
+      int64_t s1 = 0, s4 = 0;
+      for (int64_t l = 0; l < 2; ++l)
+        for (int64_t h = 0; h < 4; ++h) {
+          s1 += k1[l][h] + n1[l][h];
+          s4 += k4[l][h] + n4[l][h];
+          near_1 += n1[l][h];
+          near_4 += n4[l][h];
+        }
+      EXPECT_EQ(s1, s4);
+    }
+  }
+  EXPECT_GT(near_4, near_1);
+  BlockMassCurves cv = block_mass_curves(c, 4, 8, 1, KM, NM);
+  cv.rows = {1, 1};
+  EXPECT_NE(focus::test::error_of([&] { allocate_block_budget(cv, 1.0, -1, nullptr, nullptr, BudgetWeights{1.0, -2.0}); })
+                .find("near blocks' weight"),
+            std::string::npos);
+}

@@ -108,7 +108,7 @@ TEST(GroupSwitch, AllocationKeepsTheGroupsThatPay) {
       std::vector<std::vector<int64_t>> n1, g1, g4;
       const auto k1 = allocate_block_budget(r, mean, -1, &n1, &g1);
       // The groups' mass weighted 4 times a block's: more groups kept, within the same budget.
-      const auto k4 = allocate_block_budget(r, mean, -1, nullptr, &g4, 4.0);
+      const auto k4 = allocate_block_budget(r, mean, -1, nullptr, &g4, BudgetWeights{4.0, 1.0});
       EXPECT_LE(budget_cost(r, k4, {}, g4).blocks, mean * 8 + 1e-9);
       for (int64_t l = 0; l < 2; ++l)
         for (int64_t h = 0; h < 4; ++h) {
@@ -142,7 +142,7 @@ TEST(GroupSwitch, AllocationKeepsTheGroupsThatPay) {
   EXPECT_GT(kept_at_1, 0);
   EXPECT_LT(kept_at_4, 6 * 4 * 8);
   // Curves without the plain half, or a weight that is not positive: refused.
-  EXPECT_NE(focus::test::error_of([&] { allocate_block_budget(cv, 1.0, -1, nullptr, &group, 0.0); }).find("weight"),
+  EXPECT_NE(focus::test::error_of([&] { allocate_block_budget(cv, 1.0, -1, nullptr, &group, BudgetWeights{0.0, 1.0}); }).find("weight"),
             std::string::npos);
   BlockMassCurves none = block_mass_curves(c, 4, 8, 1, KM);
   none.rows = {1};

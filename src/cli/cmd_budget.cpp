@@ -24,7 +24,7 @@ struct BudgetFlags {
   int topk = 0;
   int64_t ctx = 4096, max_tokens = 0, block = 8, window = 64, sinks = 1, k_max = 0, near_max = 0;
   bool group_switch = false;
-  double group_weight = 1.0;
+  BudgetWeights weights;
   std::vector<double> mean_k;
   CLI::App* app = nullptr;
 };
@@ -46,8 +46,8 @@ nlohmann::json write_budget(const BudgetFlags& f, const BlockMassCurves& cv, dou
   b.sinks = f.sinks;
   b.ctx = f.ctx;
   b.mean_k = mean_k;
-  b.k = allocate_block_budget(cv, mean_k, cap, &b.near, f.group_switch ? &b.group : nullptr, f.group_weight);
-  b.group_weight = f.group_weight;
+  b.k = allocate_block_budget(cv, mean_k, cap, &b.near, f.group_switch ? &b.group : nullptr, f.weights);
+  b.weights = f.weights;
   auto near_of = [&](int64_t L, int64_t h) { return b.near.empty() ? int64_t{0} : b.near[L][h]; };
   auto keeps = [&](int64_t L, int64_t h) { return b.group.empty() || b.group[L][h] != 0; };
   const std::string out = out_path(f.out, mean_k);
@@ -106,7 +106,7 @@ nlohmann::json write_budget(const BudgetFlags& f, const BlockMassCurves& cv, dou
   std::printf("\n");
   if (!b.group.empty())
     std::printf("group switch (groups' mass weighted %g): %lld of %lld heads read their groups; the mean %g counts "
-                "their keys in blocks\n", f.group_weight, (long long)kept, (long long)heads, mean_k);
+                "their keys in blocks\n", f.weights.group, (long long)kept, (long long)heads, mean_k);
   save_block_budget(out, b);
   std::printf("wrote %s (use: --attention blocktopk:budget=%s)\n", out.c_str(), out.c_str());
   nlohmann::json j = {{"out", out},       {"block", f.block},         {"window", f.window},
@@ -123,12 +123,13 @@ nlohmann::json write_budget(const BudgetFlags& f, const BlockMassCurves& cv, dou
         ++heads;
       }
     j["mean_near"] = heads ? near / (double)heads : 0.0;
+    j["near_weight"] = f.weights.near;
   }
   if (grouped) j["group_keys"] = all_gkeys * per;
   if (!b.group.empty()) {
     j["heads_with_groups"] = kept;
     j["heads"] = heads;
-    j["group_weight"] = f.group_weight;
+    j["group_weight"] = f.weights.group;
   }
   return j;
 }
@@ -142,6 +143,8 @@ int run_budget(const BudgetFlags& f) {
     FOCUS_CHECK(outs.insert(out_path(f.out, k)).second, "budget: two --mean-k values write ", out_path(f.out, k));
   }
   FOCUS_CHECK(f.group_switch || f.app->count("--group-weight") == 0, "budget: --group-weight needs --group-switch");
+  FOCUS_CHECK(f.near_max > 0 || f.app->count("--near-weight") == 0 || !f.from_curves.empty(),
+              "budget: --near-weight needs --near-max N");
   FOCUS_CHECK(f.mean_k.size() == 1 || f.out.find("{k}") != std::string::npos,
               "budget: with several --mean-k values, --out must hold {k} (e.g. budget_k{k}.json)");
   const int64_t k_max = f.k_max > 0 ? f.k_max : std::max<int64_t>(1, (int64_t)std::ceil(4 * top));
@@ -155,6 +158,8 @@ int run_budget(const BudgetFlags& f) {
          {"--block-size", "--window", "--sinks", "--ctx", "--max-tokens", "--curves", "--focus", "--topk", "--near-max"})
       FOCUS_CHECK(f.app->count(flag) == 0, "budget: ", flag, " does not apply with --from-curves (the curves were measured with theirs)");
     cv = load_block_curves(f.from_curves, &g.ctx);
+    FOCUS_CHECK(cv.near_max > 0 || f.app->count("--near-weight") == 0, f.from_curves,
+                ": --near-weight needs curves measured with --near-max N");
     FOCUS_CHECK(!f.group_switch || !cv.missed_plain.empty(), f.from_curves,
                 ": --group-switch needs curves measured around a hybrid's groups (focus budget --focus DIR --curves F)");
     g.block = cv.block;
@@ -238,7 +243,9 @@ Command add_budget(CLI::App& app) {
   sub->add_flag("--group-switch", f->group_switch,
                "with --focus (or curves measured with it): let each head drop its groups where blocks find more "
                "for the keys; the mean k then counts the kept groups' keys too, in blocks");
-  sub->add_option("--group-weight", f->group_weight,
+  sub->add_option("--near-weight", f->weights.near,
+                  "with --near-max: what the mass of a near block is worth against a ranked block's (default 1)");
+  sub->add_option("--group-weight", f->weights.group,
                   "with --group-switch: what the mass a group reads is worth against the mass blocks read "
                   "(default 1)");
   sub->add_option("--topk", f->topk, "with --focus: the groups each query reads (default: the folder's)");

@@ -290,14 +290,25 @@ void write_splits(const std::vector<int64_t>& given, const std::vector<const int
   }
 }
 
+// The curves miss(l, h, n, k) with the mass of the n near blocks weighted w times (what n near
+// blocks alone read is miss(0, 0) - miss(n, 0); w = 1: miss itself).
+template <class Miss>
+auto near_weighted(Miss miss, double w) {
+  return [miss, w](int64_t l, int64_t h, int64_t n, int64_t k) {
+    const double m = miss(l, h, n, k);
+    return w == 1.0 || n == 0 ? m : m - (w - 1.0) * (miss(l, h, 0, 0) - miss(l, h, n, 0));
+  };
+}
+
 // allocate_block_budget with near blocks: each head's best split of c blocks between near and
 // ranked ones, and the blocks given by steps of best mean gain per block.
 std::vector<std::vector<int64_t>> allocate_with_near(const BlockMassCurves& cv, int64_t total, int64_t top,
                                                      std::vector<std::vector<int64_t>>& k,
-                                                     std::vector<std::vector<int64_t>>* near_out) {
+                                                     std::vector<std::vector<int64_t>>* near_out, double near_weight) {
   const int64_t L = cv.layers, H = cv.heads;
-  const BestSplits bs =
-      best_splits(cv, top, k, [&](int64_t l, int64_t h, int64_t n, int64_t kk) { return cv.missed_at(l, h, n, kk); });
+  const BestSplits bs = best_splits(
+      cv, top, k,
+      near_weighted([&](int64_t l, int64_t h, int64_t n, int64_t kk) { return cv.missed_at(l, h, n, kk); }, near_weight));
   std::vector<const double*> best_of(L * H);
   std::vector<const int64_t*> split_of(L * H);
   for (int64_t i = 0; i < L * H; ++i) {
@@ -318,17 +329,18 @@ std::vector<std::vector<int64_t>> allocate_with_near(const BlockMassCurves& cv, 
 std::vector<std::vector<int64_t>> allocate_with_switch(const BlockMassCurves& cv, int64_t total, int64_t top,
                                                        std::vector<std::vector<int64_t>>& k,
                                                        std::vector<std::vector<int64_t>>* near_out,
-                                                       std::vector<std::vector<int64_t>>& group_out, double weight) {
+                                                       std::vector<std::vector<int64_t>>& group_out,
+                                                       const BudgetWeights& w) {
   const int64_t L = cv.layers, H = cv.heads, T1 = top + 1;
   // Per row, so that layers of different row counts weigh alike.
   auto per = [&](int64_t l) { return 1.0 / (double)std::max<int64_t>(1, cv.rows[l]); };
-  const BestSplits on = best_splits(cv, top, k, [&](int64_t l, int64_t h, int64_t n, int64_t kk) {
+  const BestSplits on = best_splits(cv, top, k, near_weighted([&](int64_t l, int64_t h, int64_t n, int64_t kk) {
     const double plain = cv.missed_plain_at(l, h, n, kk);
-    return (plain - weight * (plain - cv.missed_at(l, h, n, kk))) * per(l);
-  });
-  const BestSplits off = best_splits(cv, top, k, [&](int64_t l, int64_t h, int64_t n, int64_t kk) {
+    return (plain - w.group * (plain - cv.missed_at(l, h, n, kk))) * per(l);
+  }, w.near));
+  const BestSplits off = best_splits(cv, top, k, near_weighted([&](int64_t l, int64_t h, int64_t n, int64_t kk) {
     return cv.missed_plain_at(l, h, n, kk) * per(l);
-  });
+  }, w.near));
   std::vector<double> g(L * H, 0.0);  // a kept group's keys per row, in blocks
   std::vector<int64_t> heads;         // l * H + h of the measured heads
   for (int64_t l = 0; l < L; ++l)
@@ -418,15 +430,17 @@ std::vector<std::vector<int64_t>> allocate_with_switch(const BlockMassCurves& cv
 
 std::vector<std::vector<int64_t>> allocate_block_budget(const BlockMassCurves& cv, double mean_k, int64_t cap,
                                                         std::vector<std::vector<int64_t>>* near,
-                                                        std::vector<std::vector<int64_t>>* group, double group_weight) {
+                                                        std::vector<std::vector<int64_t>>* group, const BudgetWeights& w) {
   FOCUS_CHECK(std::isfinite(mean_k) && mean_k >= 0 && mean_k <= (1 << 20),
               "block budget: the mean k must be in [0, 2^20], got ", mean_k);
   const int64_t most = cv.k_max + cv.near_max;
   const int64_t top = cap >= 0 ? std::min(cap, most) : most;
   if (near) near->clear();
   if (group) group->clear();
-  FOCUS_CHECK(std::isfinite(group_weight) && group_weight > 0 && group_weight <= 1e6,
-              "block budget: the groups' weight must be in (0, 1e6], got ", group_weight);
+  FOCUS_CHECK(std::isfinite(w.group) && w.group > 0 && w.group <= 1e6,
+              "block budget: the groups' weight must be in (0, 1e6], got ", w.group);
+  FOCUS_CHECK(std::isfinite(w.near) && w.near > 0 && w.near <= 1e6,
+              "block budget: the near blocks' weight must be in (0, 1e6], got ", w.near);
   FOCUS_CHECK(!group || (!cv.missed_plain.empty() && !cv.group_keys.empty()),
               "block budget: the group switch needs curves measured around a hybrid's groups (focus budget --focus)");
   std::vector<std::vector<int64_t>> k(cv.layers);
@@ -441,11 +455,11 @@ std::vector<std::vector<int64_t>> allocate_block_budget(const BlockMassCurves& c
       (int64_t)std::min(std::floor(mean_k * (double)measured + 1e-9), (double)measured * (double)top);
   if (group) {
     std::vector<std::vector<int64_t>> n;
-    allocate_with_switch(cv, total, top, k, &n, *group, group_weight);
+    allocate_with_switch(cv, total, top, k, &n, *group, w);
     if (near && cv.near_max > 0) *near = std::move(n);
     return k;
   }
-  if (cv.near_max > 0) return allocate_with_near(cv, total, top, k, near);
+  if (cv.near_max > 0) return allocate_with_near(cv, total, top, k, near, w.near);
   // Greedy: each block to the head whose missed mass falls most by it (ties to the lower layer, head).
   using Item = std::tuple<double, int64_t, int64_t>;  // gain, -layer, -head
   std::priority_queue<Item> pq;
@@ -606,8 +620,9 @@ void save_block_budget(const std::string& path, const BlockBudget& b) {
   if (!b.near.empty()) j["near"] = b.near;
   if (!b.group.empty()) {
     j["group"] = b.group;
-    j["group_weight"] = b.group_weight;
+    j["group_weight"] = b.weights.group;
   }
+  if (!b.near.empty() && b.weights.near != 1.0) j["near_weight"] = b.weights.near;
   if (!b.layer_missed.empty()) {
     j["layer_missed"] = b.layer_missed;
     j["layer_far"] = b.layer_far;

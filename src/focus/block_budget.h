@@ -108,15 +108,20 @@ void run_block_calibration(const Model& m, const std::vector<int32_t>& ids, int6
 // (when given) is left empty.
 // With group (the group switch; the curves need missed_plain): group ([layers][heads], as the
 // result) receives 1 for the heads that read their groups, 0 for those that do not, and mean_k
-// counts the keys the kept groups read too, in blocks of curves.block (see above). group_weight
-// (> 0) is what a unit of the mass a group reads is worth against a unit the blocks read: the
-// allocation minimises plain - group_weight * (plain - missed) for the heads that keep their
-// groups (1: mass is mass; the mass a perplexity needs need not be spread alike).
+// counts the keys the kept groups read too, in blocks of curves.block (see above).
+// The weights (each > 0; 1: mass is mass, and the mass a perplexity needs need not be spread
+// alike): group, what a unit of the mass a group reads is worth against a unit the blocks read
+// (the allocation minimises plain - group * (plain - missed) for the heads that keep their
+// groups); near, the same for the mass of the near blocks against the ranked ones' (for block
+// top-k alone as well).
+struct BudgetWeights {
+  double group = 1.0, near = 1.0;
+};
 std::vector<std::vector<int64_t>> allocate_block_budget(const BlockMassCurves& curves, double mean_k,
                                                         int64_t cap = -1,
                                                         std::vector<std::vector<int64_t>>* near = nullptr,
                                                         std::vector<std::vector<int64_t>>* group = nullptr,
-                                                        double group_weight = 1.0);
+                                                        const BudgetWeights& weights = {});
 
 // Summed over the heads of the measured layers, per row: the mass budgets (k, near, group as
 // allocate_block_budget makes them; near and group may be empty) leave unread, and what they cost
@@ -143,10 +148,9 @@ struct BlockBudget {
   // bound), as k; empty: none.
   std::vector<std::vector<int64_t>> near;
   // [layers][heads] the group switch: 1 where the head reads its groups, 0 where it does not
-  // (hybrid routers only); empty: every head reads them. group_weight: the allocation's (for the
-  // record).
+  // (hybrid routers only); empty: every head reads them.
   std::vector<std::vector<int64_t>> group;
-  double group_weight = 1.0;
+  BudgetWeights weights;  // the allocation's (for the record)
   // Per layer: the missed and far probability per row under these budgets at calibration (for the report).
   std::vector<double> layer_missed, layer_far;
 };

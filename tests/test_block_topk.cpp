@@ -67,7 +67,8 @@ std::vector<int64_t> reference_blocks(const std::vector<float>& q, const std::ve
   return blocks;
 }
 
-// Softmax over the visible keys of every (row, head), in double.
+// Softmax over the visible keys of every (row, head), in double; the far bias added to the scores
+// of the visible keys beyond the window and the sinks.
 std::vector<double> reference_attention(const std::vector<float>& q, const std::vector<float>& k,
                                         const std::vector<float>& v, const ModelConfig& c, const BlockTopKSettings& s,
                                         int64_t n, int64_t* choices) {
@@ -85,7 +86,7 @@ std::vector<double> reference_attention(const std::vector<float>& q, const std::
         double d = 0;
         for (int64_t y = 0; y < hd; ++y)
           d += (double)q[p * c.q_dim() + h * hd + y] * k[j * c.kv_dim() + (h / hpk) * hd + y];
-        sc[j] = d * c.attn_scale;
+        sc[j] = d * c.attn_scale + (p - j >= s.window && j >= s.sinks ? (double)s.far_bias : 0.0);
         mx = std::max(mx, sc[j]);
       }
       double sum = 0;
@@ -115,8 +116,9 @@ TEST(BlockTopK, MatchesBruteForceDefinition) {
   auto k = random_normal(n * c.kv_dim(), 2, 1.f);
   const auto v = random_normal(n * c.kv_dim(), 3, 1.f);
   auto settings = [](int64_t block, int64_t k, int64_t window, int64_t sinks, std::vector<int64_t> head_k = {},
-                     int64_t every = 1) {
+                     int64_t every = 1, float far = 0.f) {
     BlockTopKSettings s;
+    s.far_bias = far;
     s.select_every = every;
     s.block = block;
     s.k = head_k.empty() ? k : *std::max_element(head_k.begin(), head_k.end());
@@ -134,7 +136,10 @@ TEST(BlockTopK, MatchesBruteForceDefinition) {
       settings(7, 2, 1, 20),          settings(4, 0, 5, 1, {0, 3, 1, 2}), settings(1, 0, 2, 2, {5, 0, 0, 9}),
       settings(3, 0, 6, 1, {100, 2, 0, 1}),
       settings(4, 2, 5, 1, {}, 2),    settings(4, 2, 8, 1, {}, 4),    settings(2, 3, 5, 1, {}, 8),
-      settings(5, 2, 10, 7, {}, 3),   settings(1, 4, 2, 2, {}, 16),   settings(3, 0, 6, 1, {100, 2, 0, 1}, 5)};
+      settings(5, 2, 10, 7, {}, 3),   settings(1, 4, 2, 2, {}, 16),   settings(3, 0, 6, 1, {100, 2, 0, 1}, 5),
+      // A far bias (far=C) on every pair read beyond the window and the sinks.
+      settings(4, 2, 5, 1, {}, 1, 0.7f), settings(3, 0, 6, 1, {100, 2, 0, 1}, 1, -1.3f),
+      settings(5, 2, 10, 7, {}, 3, 2.f)};
   // Then again with queries and keys rounded to whole numbers: many blocks tie on their bound, and
   // the ties go to the lower block.
   for (int pass = 0; pass < 2; ++pass) {
@@ -147,7 +152,7 @@ TEST(BlockTopK, MatchesBruteForceDefinition) {
     for (int64_t x : s.head_k) ks.append(" ").append(std::to_string(x));
     SCOPED_TRACE("block " + std::to_string(s.block) + " k " + std::to_string(s.k) + " window " +
                  std::to_string(s.window) + " sinks " + std::to_string(s.sinks) + " head k" + ks + " every " +
-                 std::to_string(s.select_every));
+                 std::to_string(s.select_every) + " far " + std::to_string(s.far_bias));
     const auto policy = block_topk_attention(s);
     int64_t choices = 0;
     const auto ref = reference_attention(q, k, v, c, s, n, &choices);
@@ -513,7 +518,10 @@ TEST(BlockTopK, OptionsAreCheckedByName) {
   EXPECT_EQ(s.k, 0);
   EXPECT_EQ(s.window, 1);
   EXPECT_EQ(s.sinks, 0);
+  EXPECT_EQ(d.far_bias, 0.f);
+  EXPECT_EQ(block_topk_settings(AttentionOptions::parse("far=-0.5", "blocktopk:far=-0.5"), c, 0).far_bias, -0.5f);
   const std::vector<std::pair<std::string, std::string>> bad = {
+      {"blocktopk:far=1000", "far"},
       {"blocktopk:blocks=64", "blocks"}, {"blocktopk:block=0", "block must"},    {"blocktopk:k=-1", "k must"},
       {"blocktopk:window=0", "window must"},  {"blocktopk:sinks=-1", "sinks must"},  {"blocktopk:k=x", "k must be an integer"},
       {"blocktopk:block=64,topk=8", "topk"}};

@@ -196,9 +196,8 @@ std::string describe_focus(const FocusRouters* f) {
               ? (f->block_budget.empty() ? ", blocks 1+" + std::to_string(s.blocks)
                                          : ", blocks 1+" + mean_budget(f->block_budget) + " per head on average" +
                                                (f->block_near.empty() ? ""
-                                                                      : " (+" + mean_budget(f->block_near) + " near)") +
-                                               groups_read(f->block_group)) +
-                    " of " + std::to_string(s.block_size) +
+                                                                      : " (+" + mean_budget(f->block_near) + " near)")) +
+                    " of " + std::to_string(s.block_size) + groups_read(f->block_group) +
                     (s.block_select_every > 1 ? ", chosen every " + std::to_string(s.block_select_every) + " rows"
                                               : "")
               : "") +

@@ -43,8 +43,20 @@ class BlockTopKAttention final : public AttentionPolicy {
     cpu::AttnShape sh = layer_attn_shape(c, a.layer, a.pos0, a.T);
     sh.local_window = s_.window;
     sh.sinks = s_.sinks;
-    const cpu::GroupedRouting routing{st->index.n_groups, 1, st->index.groups_of_keys(0), kq, qg.data()};
-    if (a.pos0 == 0 && a.T * c.heads > cpu::kFewPairs) {
+    cpu::GroupedRouting routing{st->index.n_groups, 1, st->index.groups_of_keys(0), kq, qg.data()};
+    // The far bias as far-pair terms of one routing head: C for every row, 0 for every key.
+    std::vector<float> far_q, far_k;
+    const float* fq = nullptr;
+    const float* fk = nullptr;
+    if (s_.far_bias != 0.f) {
+      far_q.assign(a.T, s_.far_bias);
+      far_k.assign(n, 0.f);
+      fq = far_q.data();
+      fk = far_k.data();
+      routing.far_q = &fq;
+      routing.far_k = &fk;
+    }
+    if (a.pos0 == 0 && a.T * c.heads > cpu::kFewPairs && !routing.far_q) {
       // A prefill from the start: the rows' blocks in tiles of neighbouring rows.
       cpu::block_list_attention(a.q, a.k, a.v, a.out, nullptr, sh, s_.block, qg.data(), kq);
     } else {
@@ -532,6 +544,10 @@ BlockTopKSettings block_topk_settings(const AttentionOptions& o, const ModelConf
     s.sinks = o.get_int("sinks", s.sinks);
   }
   s.select_every = o.get_int("every", s.select_every);
+  const double far = o.get_double("far", 0.0);
+  FOCUS_CHECK(std::isfinite(far) && std::fabs(far) <= 100, "blocktopk: far (the far pairs' bias) must be in [-100, 100], got ",
+              far);
+  s.far_bias = (float)far;
   FOCUS_CHECK(s.select_every >= 1 && s.select_every < (int64_t{1} << 30),
               "blocktopk: every (rows per choice of blocks) must be at least 1, got ", s.select_every);
   FOCUS_CHECK(s.block >= 1 && s.block < (int64_t{1} << 30), "blocktopk: block must be at least 1, got ", s.block);

@@ -45,6 +45,10 @@ struct BlockTopKSettings {
   // block of its last far key, whatever their bound (a window wider by N blocks; block_budget.h);
   // empty: none. Not with select_every > 1.
   std::vector<int64_t> head_near;
+  // A constant added to the scaled score of every pair read beyond the window and the sinks
+  // (option far=C; 0: none): a training-free counterpart of the routers' far-pair terms, which
+  // shift the far pairs a sparse row reads against its window.
+  float far_bias = 0.f;
   int64_t k_of(int64_t h) const { return head_k.empty() ? k : head_k[h]; }
   int64_t near_of(int64_t h) const { return head_near.empty() ? 0 : head_near[h]; }
   // Per-head budgets (and near blocks, empty or one per head), k the largest K_h + N_h.

@@ -108,7 +108,10 @@ nlohmann::json write_budget(const BudgetFlags& f, const BlockMassCurves& cv, dou
     std::printf("group switch (groups' mass weighted %g): %lld of %lld heads read their groups; the mean %g counts "
                 "their keys in blocks\n", f.weights.group, (long long)kept, (long long)heads, mean_k);
   save_block_budget(out, b);
-  std::printf("wrote %s (use: --attention blocktopk:budget=%s)\n", out.c_str(), out.c_str());
+  if (grouped)  // measured around a hybrid's groups: for its routers
+    std::printf("wrote %s (use: --focus DIR --mode hard --block-budget %s)\n", out.c_str(), out.c_str());
+  else
+    std::printf("wrote %s (use: --attention blocktopk:budget=%s)\n", out.c_str(), out.c_str());
   nlohmann::json j = {{"out", out},       {"block", f.block},         {"window", f.window},
                       {"sinks", f.sinks}, {"ctx", f.ctx},             {"mean_k", mean_k},
                       {"k_max", cv.k_max}, {"far", all_far * per},    {"missed_uniform", all_uniform * per},

@@ -195,6 +195,19 @@ TEST(Cli, BudgetGroupSwitchRunsThroughEval) {
                         std::to_string(m->cfg.layers * m->cfg.heads) + " heads"),
             std::string::npos)
       << ev.out;
+  // The switch budget is for the routers' evaluation: block top-k alone and training refuse it.
+  const CliRun btk = run("eval " + model_args() + " --text " + text() +
+                             " --ctx 64 --max-tokens 128 --attention blocktopk:budget=" + out,
+                         "btk");
+  EXPECT_EQ(btk.code, 1);
+  EXPECT_NE(btk.err.find(out), std::string::npos) << btk.err;
+  EXPECT_NE(btk.err.find("--group-switch"), std::string::npos) << btk.err;
+  const CliRun train = run("retrofit " + model_args() + " --train " + text() + " --valid " + text() +
+                               " --ctx 64 --window 8 --groups 4 --dg 8 --steps 1 --batch 1 --lr 1e-3 --objective sparse"
+                               " --out " + ::testing::TempDir() + "/focus_cli_switch_train --block-budget " + out,
+                           "train");
+  EXPECT_EQ(train.code, 1);
+  EXPECT_NE(train.err.find("group switch are for evaluation"), std::string::npos) << train.err;
   const CliRun alone = run(budget + " --group-switch", "alone");
   EXPECT_EQ(alone.code, 1);
   EXPECT_NE(alone.err.find("--group-switch chooses per head"), std::string::npos) << alone.err;

@@ -157,8 +157,10 @@ TEST(GroupSwitch, FilesCarryTheSwitch) {
   BlockBudget b = focus::test::small_budget({{0, 3, 1, 2}});
   b.group = {{1, 0, 0, 1}};
   const std::string path = temp_file("budget.json");
+  b.weights = {2.5, 1.0};
   save_block_budget(path, b);
   EXPECT_EQ(load_block_budget(path).group, b.group);
+  EXPECT_EQ(load_block_budget(path).weights.group, 2.5);  // kept for the record
   const std::string e1 = focus::test::error_of(
       [&] { block_topk_settings(AttentionOptions::parse("budget=" + path, "blocktopk"), c, 0); });
   EXPECT_NE(e1.find(path), std::string::npos) << e1;

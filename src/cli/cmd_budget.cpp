@@ -74,7 +74,7 @@ nlohmann::json write_budget(const BudgetFlags& f, const BlockMassCurves& cv, dou
       far += cv.far[L * H + h];
       if (grouped && keeps(L, h)) gk += cv.group_keys[L * H + h];
       uni += cv.missed_at(L, h, ku);
-      bud += keeps(L, h) ? cv.missed_at(L, h, near_of(L, h), b.k[L][h]) : cv.missed_plain_at(L, h, near_of(L, h), b.k[L][h]);
+      bud += cv.missed_for(L, h, near_of(L, h), b.k[L][h], keeps(L, h));
       kept += keeps(L, h);
       ++heads;
     }

@@ -491,7 +491,7 @@ BudgetCost budget_cost(const BlockMassCurves& cv, const std::vector<std::vector<
       const int64_t n = near.empty() ? 0 : near[l][h];
       const bool keep = group.empty() || group[l][h] != 0;
       FOCUS_CHECK(keep || !cv.missed_plain.empty(), "block budget: heads without their group need curves measured around groups");
-      out.missed += (keep ? cv.missed_at(l, h, n, k[l][h]) : cv.missed_plain_at(l, h, n, k[l][h])) * per;
+      out.missed += cv.missed_for(l, h, n, k[l][h], keep) * per;
       out.blocks += (double)(n + k[l][h]);
       if (keep && !cv.group_keys.empty()) out.blocks += cv.group_keys[l * cv.heads + h] * per / (double)cv.block;
     }
@@ -673,6 +673,12 @@ BlockBudget load_block_budget(const std::string& path) {
       FOCUS_CHECK(b.near[l].size() == b.k[l].size(), path, ": layer ", l, " has ", b.near[l].size(),
                   " near counts and ", b.k[l].size(), " budgets");
   }
+  for (const auto& [key, w] : {std::pair<const char*, double*>{"group_weight", &b.weights.group},
+                               std::pair<const char*, double*>{"near_weight", &b.weights.near}})
+    if (j.contains(key)) {
+      FOCUS_CHECK(j[key].is_number() && j[key].get<double>() > 0, path, ": '", key, "' must be a positive number");
+      *w = j[key].get<double>();
+    }
   if (j.contains("group")) {
     b.group = per_layer_counts(j["group"], path, "group");
     FOCUS_CHECK(b.group.size() == b.k.size(), path, ": 'group' has ", b.group.size(), " layers, 'k' ", b.k.size());

@@ -62,6 +62,10 @@ struct BlockMassCurves {
   double missed_plain_at(int64_t l, int64_t h, int64_t n, int64_t k) const {
     return missed_plain[((l * heads + h) * (near_max + 1) + n) * (k_max + 1) + k];
   }
+  // missed_at when the head reads its groups (or no groups were measured), missed_plain_at when not.
+  double missed_for(int64_t l, int64_t h, int64_t n, int64_t k, bool reads_groups) const {
+    return reads_groups ? missed_at(l, h, n, k) : missed_plain_at(l, h, n, k);
+  }
   double missed_at(int64_t l, int64_t h, int64_t k) const { return missed_at(l, h, 0, k); }
   double missed_at(int64_t l, int64_t h, int64_t n, int64_t k) const {
     return missed[((l * heads + h) * (near_max + 1) + n) * (k_max + 1) + k];

@@ -24,6 +24,7 @@ struct BudgetFlags {
   int topk = 0;
   int64_t ctx = 4096, max_tokens = 0, block = 8, window = 64, sinks = 1, k_max = 0, near_max = 0;
   bool group_switch = false;
+  std::string metric = "mass";
   BudgetWeights weights;
   std::vector<double> mean_k;
   CLI::App* app = nullptr;
@@ -48,6 +49,7 @@ nlohmann::json write_budget(const BudgetFlags& f, const BlockMassCurves& cv, dou
   b.mean_k = mean_k;
   b.k = allocate_block_budget(cv, mean_k, cap, &b.near, f.group_switch ? &b.group : nullptr, f.weights);
   b.weights = f.weights;
+  b.metric = cv.metric;
   auto near_of = [&](int64_t L, int64_t h) { return b.near.empty() ? int64_t{0} : b.near[L][h]; };
   auto keeps = [&](int64_t L, int64_t h) { return b.group.empty() || b.group[L][h] != 0; };
   const std::string out = out_path(f.out, mean_k);
@@ -61,6 +63,8 @@ nlohmann::json write_budget(const BudgetFlags& f, const BlockMassCurves& cv, dou
   // Around groups: the far keys they read per row and head (their cost, to weigh against blocks).
   const bool grouped = !cv.group_keys.empty();
   double all_gkeys = 0;
+  if (cv.metric == BlockMetric::Output)
+    std::printf("missed: the heads' attention output error ||o_read - o|| per row (--metric output)\n");
   std::printf("layer | far prob | missed, k=%lld each | missed, budgets |%s k per head%s%s\n", (long long)ku,
               grouped ? " group keys |" : "", b.near.empty() ? "" : " (near+ranked)",
               b.group.empty() ? "" : " (* : the head reads its groups)");
@@ -115,7 +119,8 @@ nlohmann::json write_budget(const BudgetFlags& f, const BlockMassCurves& cv, dou
   nlohmann::json j = {{"out", out},       {"block", f.block},         {"window", f.window},
                       {"sinks", f.sinks}, {"ctx", f.ctx},             {"mean_k", mean_k},
                       {"k_max", cv.k_max}, {"far", all_far * per},    {"missed_uniform", all_uniform * per},
-                      {"missed_budget", all_budget * per}, {"tokens", tokens}};
+                      {"missed_budget", all_budget * per}, {"tokens", tokens},
+                      {"metric", block_metric_name(cv.metric)}};
   if (cv.near_max > 0) {
     j["near_max"] = cv.near_max;
     double near = 0;
@@ -157,8 +162,8 @@ int run_budget(const BudgetFlags& f) {
   size_t tokens = 0;
   if (!f.from_curves.empty()) {
     FOCUS_CHECK(f.s.model.empty() && f.texts.empty(), "budget: --from-curves replaces the calibration: drop --model and --text");
-    for (const char* flag :
-         {"--block-size", "--window", "--sinks", "--ctx", "--max-tokens", "--curves", "--focus", "--topk", "--near-max"})
+    for (const char* flag : {"--block-size", "--window", "--sinks", "--ctx", "--max-tokens", "--curves", "--focus",
+                             "--topk", "--near-max", "--metric"})
       FOCUS_CHECK(f.app->count(flag) == 0, "budget: ", flag, " does not apply with --from-curves (the curves were measured with theirs)");
     cv = load_block_curves(f.from_curves, &g.ctx);
     FOCUS_CHECK(cv.near_max > 0 || f.app->count("--near-weight") == 0, f.from_curves,
@@ -173,13 +178,14 @@ int run_budget(const BudgetFlags& f) {
     FOCUS_CHECK(!f.s.model.empty() && !f.texts.empty(), "budget: give --model and --text (or --from-curves FILE)");
     FOCUS_CHECK(!f.group_switch || !f.focus_dir.empty(),
                 "budget: --group-switch chooses per head between a hybrid's groups and blocks alone: give --focus DIR");
+    const BlockMetric metric = parse_block_metric(f.metric, "budget: --metric");
     const Loaded l = f.s.load();
     const Model& m = *l.model;
     const std::vector<int32_t> ids = io::load_text_tokens(*m.tok, f.texts, f.max_tokens);
     tokens = ids.size();
     install_interrupt_handler();
     if (f.focus_dir.empty()) {
-      cv = measure_block_mass(m, ids, f.ctx, f.block, f.window, f.sinks, k_max, true, f.near_max);
+      cv = measure_block_mass(m, ids, f.ctx, f.block, f.window, f.sinks, k_max, true, f.near_max, metric);
     } else {
       // The hybrid's blocks: what its routers' groups leave unread is what the blocks must find.
       FocusRouters routers = load_focus(f.focus_dir, m.cfg);
@@ -189,6 +195,7 @@ int run_budget(const BudgetFlags& f) {
       FOCUS_CHECK(!routers.settings.group_bias, f.focus_dir,
                   ": routers with group weights (group_bias) cannot be combined with blocks");
       cv = block_mass_curves(m.cfg, f.block, f.window, f.sinks, k_max, f.near_max);
+      cv.metric = metric;
       FocusSettings& s = routers.settings;
       s.mode = FocusMode::Hard;
       s.local_window = f.window;
@@ -251,6 +258,9 @@ Command add_budget(CLI::App& app) {
   sub->add_option("--group-weight", f->weights.group,
                   "with --group-switch: what the mass a group reads is worth against the mass blocks read "
                   "(default 1)");
+  sub->add_option("--metric", f->metric,
+                  "what the budgets minimise: mass (the attention probability left unread, default) or output "
+                  "(how far each head's attention output moves, ||o_read - o||: the values count too)");
   sub->add_option("--topk", f->topk, "with --focus: the groups each query reads (default: the folder's)");
   sub->add_option("--ctx", f->ctx, "window length in tokens (incl. BOS): calibrate at the length you evaluate");
   sub->add_option("--max-tokens", f->max_tokens, "use only the first T text tokens");

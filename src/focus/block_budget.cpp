@@ -43,6 +43,8 @@ void measure_block_mass_call(const AttentionCall& a, BlockMassCurves& cv, const 
   const int64_t n = a.pos0 + a.T, H = c.heads, kvh_n = c.kv_heads, hpk = H / kvh_n, hd = c.head_dim;
   const int64_t kvd = c.kv_dim(), B = cv.block, w = cv.window, S = cv.sinks, KM = cv.k_max, NM = cv.near_max;
   const int64_t per_head = (NM + 1) * (KM + 1);
+  const bool output = cv.metric == BlockMetric::Output;
+  FOCUS_CHECK(!output || a.v, "block budget: the output metric needs the values (float v)");
   const float scale = layer_attn_shape(c, a.layer, a.pos0, a.T).scale;
   // Bounds of the complete blocks, made as the block top-k policy makes them.
   BlockTopKState st(B, kvh_n, hd);
@@ -57,6 +59,10 @@ void measure_block_mass_call(const AttentionCall& a, BlockMassCurves& cv, const 
     std::vector<double> bm;
     std::vector<float> bound;
     std::vector<std::pair<float, int32_t>> cand;
+    // Metric Output: the head's dense output o, each complete far block's share of it (bv, keys from
+    // the sinks on) and the residual r = m o - u of the keys a selection leaves unread.
+    std::vector<float> o(output ? hd : 0), r0(o.size()), r(o.size());
+    std::vector<float> bv;
     int64_t rows_t = 0;
 #pragma omp for schedule(dynamic, 8)
     for (int64_t t = 0; t < a.T; ++t) {
@@ -82,6 +88,21 @@ void measure_block_mass_call(const AttentionCall& a, BlockMassCurves& cv, const 
           for (int64_t j = std::max(j0, S); j < j1; ++j) m += e[j];
           return m / z;
         };
+        const float* v0 = output ? a.v + (h / hpk) * hd : nullptr;
+        auto add_value = [&](float* acc, int64_t j, float wgt) {  // acc += wgt * v_j
+          const float* vj = v0 + j * kvd;
+          for (int64_t i = 0; i < hd; ++i) acc[i] += wgt * vj[i];
+        };
+        if (output) {
+          std::fill(o.begin(), o.end(), 0.f);
+          bv.assign(nb * hd, 0.f);
+          for (int64_t j = 0; j <= p; ++j) {
+            const int64_t b = j / B;
+            add_value(j >= S && b >= lo && b < cur ? bv.data() + (b - lo) * hd : o.data(), j, (float)(e[j] / z));
+          }
+          for (int64_t b = 0; b < nb; ++b)
+            for (int64_t i = 0; i < hd; ++i) o[i] += bv[b * hd + i];
+        }
         // The ranking depends on q and the keys only: one order for both curves.
         cand.resize(nb);
         bound.resize(nb);
@@ -92,25 +113,47 @@ void measure_block_mass_call(const AttentionCall& a, BlockMassCurves& cv, const 
         // The order block top-k chooses in: of the first KM + NM, at most NM are near ones.
         const int64_t kk = std::min(KM + NM, nb);
         std::partial_sort(cand.begin(), cand.begin() + kk, cand.end(), block_ranks_before);
-        // Adds to out (per_head entries) the mass the selections leave unread of e as it stands;
-        // returns the far mass.
+        // Adds to out (per_head entries) what the selections leave unread of e (and bv) as they
+        // stand, mass or output error; returns the far mass.
         auto curves = [&](double* out) {
           const double F = mass(S, f + 1);
           const double mcur = mass(cur * B, f + 1);
           bm.assign(nb, 0.0);
           for (int64_t b = lo; b < cur; ++b) bm[b - lo] = mass(b * B, (b + 1) * B);
-          double near_mass = 0;  // of the N blocks just before the current one
-          for (int64_t n = 0; n <= NM; ++n) {
-            const int64_t first_near = std::max(lo, cur - n);  // near blocks: first_near .. cur-1
-            if (n > 0 && cur - n >= lo) near_mass += bm[cur - n - lo];
-            double left = std::max(0.0, F - mcur - near_mass);
-            double* mrow = out + n * (KM + 1);
-            mrow[0] += left;
+          // Output: r = m o - u with m, u of the unread complete blocks; reading block b takes its
+          // share out of both. The error is ||r|| / (1 - m).
+          double left0 = std::max(0.0, F - mcur);
+          if (output) {
+            std::fill(r0.begin(), r0.end(), 0.f);
+            for (int64_t b = 0; b < nb; ++b)
+              for (int64_t i = 0; i < hd; ++i) r0[i] -= bv[b * hd + i];
+            for (int64_t i = 0; i < hd; ++i) r0[i] += (float)left0 * o[i];
+          }
+          auto read = [&](std::vector<float>& res, double& left, int64_t b) {  // block b (index from lo) read
+            left = std::max(0.0, left - bm[b]);
+            if (output) {
+              const float* vb = bv.data() + b * hd;
+              const float mb = (float)bm[b];
+              for (int64_t i = 0; i < hd; ++i) res[i] += vb[i] - mb * o[i];
+            }
+          };
+          auto cost = [&](const std::vector<float>& res, double left) {
+            if (!output) return left;
+            const double s2 = cpu::decode_detail::dot(res.data(), res.data(), hd);
+            return std::sqrt(std::max(0.0, s2)) / std::max(1e-9, 1.0 - left);
+          };
+          for (int64_t nn = 0; nn <= NM; ++nn) {
+            const int64_t first_near = std::max(lo, cur - nn);  // near blocks: first_near .. cur-1
+            if (nn > 0 && cur - nn >= lo) read(r0, left0, cur - nn - lo);
+            double left = left0;
+            if (output) r = r0;
+            double* mrow = out + nn * (KM + 1);
+            mrow[0] += cost(r, left);
             for (int64_t i = 0, x = 0; i < KM; ++i) {
               while (x < kk && cand[x].second >= first_near) ++x;  // read as near blocks already
-              if (x < kk) left = std::max(0.0, left - bm[cand[x++].second - lo]);
-              else left = 0.0;  // every candidate read
-              mrow[i + 1] += left;
+              if (x >= kk) break;  // every candidate read: nothing far is left unread
+              read(r, left, cand[x++].second - lo);
+              mrow[i + 1] += cost(r, left);
             }
           }
           return F;
@@ -122,6 +165,7 @@ void measure_block_mass_call(const AttentionCall& a, BlockMassCurves& cv, const 
           int64_t read = 0;
           for (int64_t j = S; j <= f; ++j)
             if (std::find(qg, qg + groups->k, kg[j]) != qg + groups->k) {
+              if (output && j / B < cur) add_value(bv.data() + (j / B - lo) * hd, j, (float)(-e[j] / z));
               e[j] = 0.f;
               ++read;
             }
@@ -157,6 +201,15 @@ void measure_block_mass_call(const AttentionCall& a, BlockMassCurves& cv, const 
   cv.rows[a.layer] += rows;
 }
 
+const char* block_metric_name(BlockMetric m) { return m == BlockMetric::Output ? "output" : "mass"; }
+
+BlockMetric parse_block_metric(const std::string& name, const std::string& source) {
+  if (name == "mass") return BlockMetric::Mass;
+  if (name == "output") return BlockMetric::Output;
+  fail(source, ": unknown block metric '", name, "' (mass: the attention probability left unread; output: the "
+       "output error it leaves)");
+}
+
 BlockMassCurves block_mass_curves(const ModelConfig& c, int64_t block, int64_t window, int64_t sinks, int64_t k_max,
                                   int64_t near_max) {
   FOCUS_CHECK(block >= 1 && window >= 1 && sinks >= 0 && k_max >= 1, "block budget: block (", block, ") window (",
@@ -190,9 +243,10 @@ void run_block_calibration(const Model& m, const std::vector<int32_t>& ids, int6
 
 BlockMassCurves measure_block_mass(const Model& m, const std::vector<int32_t>& ids, int64_t ctx, int64_t block,
                                    int64_t window, int64_t sinks, int64_t k_max, bool progress,
-                                   int64_t near_max) {
+                                   int64_t near_max, BlockMetric metric) {
   const ModelConfig& c = m.cfg;
   BlockMassCurves cv = block_mass_curves(c, block, window, sinks, k_max, near_max);
+  cv.metric = metric;
   AttentionPlan plan;
   plan.layers.resize(c.layers);
   for (int64_t l = 0; l < c.layers; ++l)
@@ -531,6 +585,7 @@ void save_block_curves(const std::string& path, const BlockMassCurves& cv, int64
                         {"block", std::to_string(cv.block)},
                         {"window", std::to_string(cv.window)},
                         {"sinks", std::to_string(cv.sinks)},
+                        {"metric", block_metric_name(cv.metric)},
                         {"ctx", std::to_string(ctx)}});
 }
 
@@ -557,6 +612,7 @@ BlockMassCurves load_block_curves(const std::string& path, int64_t* ctx) {
   cv.window = num("window", 1);
   cv.sinks = num("sinks", 0);
   if (ctx) *ctx = num("ctx", 0);
+  cv.metric = parse_block_metric(md.value("metric", std::string("mass")), path);  // files before it: mass
   const io::STTensor& m = f.tensor("missed");
   const size_t rank = m.shape.size();
   FOCUS_CHECK((rank == 3 || rank == 4) && m.shape[0] >= 1 && m.shape[1] >= 1 && m.shape.back() >= 2 &&
@@ -623,6 +679,7 @@ void save_block_budget(const std::string& path, const BlockBudget& b) {
     j["group_weight"] = b.weights.group;
   }
   if (!b.near.empty() && b.weights.near != 1.0) j["near_weight"] = b.weights.near;
+  if (b.metric != BlockMetric::Mass) j["metric"] = block_metric_name(b.metric);
   if (!b.layer_missed.empty()) {
     j["layer_missed"] = b.layer_missed;
     j["layer_far"] = b.layer_far;
@@ -679,6 +736,10 @@ BlockBudget load_block_budget(const std::string& path) {
       FOCUS_CHECK(j[key].is_number() && j[key].get<double>() > 0, path, ": '", key, "' must be a positive number");
       *w = j[key].get<double>();
     }
+  if (j.contains("metric")) {
+    FOCUS_CHECK(j["metric"].is_string(), path, ": 'metric' must be a string");
+    b.metric = parse_block_metric(j["metric"].get<std::string>(), path);
+  }
   if (j.contains("group")) {
     b.group = per_layer_counts(j["group"], path, "group");
     FOCUS_CHECK(b.group.size() == b.k.size(), path, ": 'group' has ", b.group.size(), " layers, 'k' ", b.k.size());

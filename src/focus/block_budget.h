@@ -29,6 +29,13 @@
 // than all groups on or all off at the same mean). Heads whose group holds mass the bounds miss
 // keep it; heads whose group costs more than the blocks it replaces drop it.
 //
+// What the curves count (`focus budget --metric`): mass, the attention probability a selection
+// leaves unread (the default); output, how far the head's output moves: with U the unread keys,
+// m their probability and u = sum over U of p_j v_j, the selection's output is (o - u) / (1 - m)
+// against the dense o, and the curve sums ||m o - u|| / (1 - m) over rows. Unread mass on keys
+// whose values are near the head's output (sink-like keys) costs little there; mass on keys that
+// move the output costs in proportion. Both curves are allocated alike.
+//
 // The budget file (JSON, "format": "focus-block-budget") holds the settings it was measured with
 // (block, window, sinks, ctx) and K_h for every layer (an empty list for layers not routed);
 // `--attention blocktopk:budget=FILE` reads it.
@@ -42,13 +49,19 @@
 
 namespace focus {
 
+enum class BlockMetric { Mass, Output };
+const char* block_metric_name(BlockMetric m);
+// "mass" or "output"; errors name source.
+BlockMetric parse_block_metric(const std::string& name, const std::string& source);
+
 struct BlockMassCurves {
   int64_t block = 8, window = 64, sinks = 1, k_max = 0;
+  BlockMetric metric = BlockMetric::Mass;  // what missed counts (far is the far probability either way)
   int64_t near_max = 0;  // most near blocks a head may read (0: none, the window alone)
   int64_t layers = 0, heads = 0;
   // [layers * heads * (near_max + 1) * (k_max + 1)]: summed over rows, the attention probability
   // beyond the window and the sinks that the forced block, the N near blocks before it and the
-  // first K ranked blocks of the rest do not hold.
+  // first K ranked blocks of the rest do not hold (metric Output: the output error they leave).
   std::vector<double> missed;
   std::vector<double> far;        // [layers * heads] the far probability summed over rows
   std::vector<int64_t> rows;      // [layers] rows with a far key, per layer (0: layer not measured)
@@ -77,7 +90,7 @@ struct BlockMassCurves {
 // has) after Ctrl-C; progress on stderr when asked.
 BlockMassCurves measure_block_mass(const Model& m, const std::vector<int32_t>& ids, int64_t ctx, int64_t block,
                                    int64_t window, int64_t sinks, int64_t k_max, bool progress,
-                                   int64_t near_max = 0);
+                                   int64_t near_max = 0, BlockMetric metric = BlockMetric::Mass);
 
 // What a hybrid's groups read beyond the window, for calibrating its blocks: key j is read by
 // query head h of row t when key_group[r][j] (r = h / heads_per_router) is one of the k groups
@@ -91,7 +104,7 @@ struct GroupReads {
 
 // Adds the rows of one prefill call (float q and keys 0 .. a.pos0 + a.T - 1 in a.k) to cv's
 // curves for layer a.layer (cv sized for the model by measure_block_mass's rules). With groups,
-// only what the groups leave unread counts.
+// only what the groups leave unread counts. Metric Output needs a.v.
 void measure_block_mass_call(const AttentionCall& a, BlockMassCurves& cv, const GroupReads* groups = nullptr);
 
 // Empty curves for a model's layers and heads.
@@ -155,6 +168,7 @@ struct BlockBudget {
   // (hybrid routers only); empty: every head reads them.
   std::vector<std::vector<int64_t>> group;
   BudgetWeights weights;  // the allocation's (for the record)
+  BlockMetric metric = BlockMetric::Mass;  // the curves' (for the record)
   // Per layer: the missed and far probability per row under these budgets at calibration (for the report).
   std::vector<double> layer_missed, layer_far;
 };

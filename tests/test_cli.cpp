@@ -170,6 +170,42 @@ TEST(Cli, BenchModelAgainstDenseReportsEachPair) {
 // `focus budget --group-switch` end to end: calibrated around a router folder's groups it writes
 // budgets with a switch per head, `focus eval` runs them and says how many heads read their groups;
 // the switch without routers, and the weight without the switch, are refused.
+// `focus budget --metric output` through the binary: around a hybrid's groups with the switch, the
+// budget file and the JSON line say the metric, the budgets run in `focus eval`, and the curves
+// keep it (budgets made from them say it too; --metric does not apply to curves already measured).
+TEST(Cli, BudgetOutputMetricRunsThroughEval) {
+  FOCUS_NEED_FILE(stories());
+  auto m = focus::load_model(stories(), focus::LoadOptions{tok512()});
+  const std::string dir = ::testing::TempDir() + "/focus_cli_output_routers";
+  focus::save_focus(focus::focus_init(m->cfg, focus::test::asym_settings(4, 1, 8), 6), dir, m->cfg, "test");
+  const std::string out = ::testing::TempDir() + "/focus_cli_output_budget.json",
+                    curves = ::testing::TempDir() + "/focus_cli_output_curves.safetensors";
+  const std::string budget = "budget " + model_args() + " --text " + text() +
+                             " --ctx 64 --max-tokens 252 --block-size 4 --window 8 --max-k 8 --near-max 2 --mean-k 3";
+  const CliRun made = run(budget + " --focus " + dir + " --group-switch --metric output --curves " + curves +
+                              " --out " + out + " --json",
+                          "made");
+  ASSERT_EQ(made.code, 0) << made.err;
+  EXPECT_NE(made.out.find("output error"), std::string::npos) << made.out;
+  const nlohmann::json j = nlohmann::json::parse(made.out.substr(made.out.rfind("\n{") + 1));
+  EXPECT_EQ(j.at("metric").get<std::string>(), "output");
+  EXPECT_EQ(nlohmann::json::parse(focus::read_file(out)).at("metric").get<std::string>(), "output");
+  const CliRun ev = run("eval " + model_args() + " --text " + text() + " --ctx 64 --max-tokens 128 --focus " + dir +
+                            " --mode hard --block-budget " + out + " --json",
+                        "eval");
+  ASSERT_EQ(ev.code, 0) << ev.err;
+  const std::string again = ::testing::TempDir() + "/focus_cli_output_again.json";
+  const CliRun from = run("budget --from-curves " + curves + " --group-switch --mean-k 2 --out " + again, "from");
+  ASSERT_EQ(from.code, 0) << from.err;
+  EXPECT_EQ(nlohmann::json::parse(focus::read_file(again)).at("metric").get<std::string>(), "output");
+  const CliRun redo = run("budget --from-curves " + curves + " --metric mass --mean-k 2 --out " + again, "redo");
+  EXPECT_EQ(redo.code, 1);
+  EXPECT_NE(redo.err.find("--metric does not apply with --from-curves"), std::string::npos) << redo.err;
+  const CliRun bad = run(budget + " --metric entropy --out " + out, "bad");
+  EXPECT_EQ(bad.code, 1);
+  EXPECT_NE(bad.err.find("unknown block metric 'entropy'"), std::string::npos) << bad.err;
+}
+
 TEST(Cli, BudgetGroupSwitchRunsThroughEval) {
   FOCUS_NEED_FILE(stories());
   auto m = focus::load_model(stories(), focus::LoadOptions{tok512()});

@@ -117,16 +117,35 @@ TEST_P(ShippedRouters, SparseCausalAndDecodesLikePrefill) {
   }
 
   // Decoding the last 20 tokens one at a time from the cache (with blocks chosen every 16 rows,
-  // the first decoded rows read the choice of a tile the prefill started).
-  KVCache c;
-  c.init(s.m->cfg, n);
-  std::vector<float> h(n * D);
-  forward(*s.m, ids.data(), n - 20, c, h.data(), &s.plan);
-  AttentionStats dst;
+  // the first decoded rows read the choice of a tile the prefill started). A decoded row's query
+  // comes from the matrix-vector path, the prefill's from the GEMM: with the hybrid's blocks of 4
+  // ranked by q.k bounds, that rounding can flip a near-tie between two blocks (as for the prefix
+  // above). Seen on an AMD Zen 4: 3.2e-3 for the 128 groups with their blocks, under 1e-3 for the
+  // same groups alone. So the hybrid is held to a bound such a flip stays under, and its groups
+  // alone to the float rounding.
+  auto decoded = [&](const AttentionPlan& plan, std::vector<std::vector<int32_t>>* groups) {
+    KVCache c;
+    c.init(s.m->cfg, n);
+    std::vector<float> h(n * D);
+    forward(*s.m, ids.data(), n - 20, c, h.data(), &plan);
+    AttentionStats dst;
+    dst.groups = groups;
+    for (int64_t i = n - 20; i < n; ++i) forward(*s.m, ids.data() + i, 1, c, h.data() + i * D, &plan, &dst);
+    return h;
+  };
   std::vector<std::vector<int32_t>> dgroups;
-  dst.groups = &dgroups;
-  for (int64_t i = n - 20; i < n; ++i) forward(*s.m, ids.data() + i, 1, c, h.data() + i * D, &s.plan, &dst);
-  EXPECT_LT(max_abs_diff(h, full, (size_t)((n - 20) * D)), 1e-3);
+  const std::vector<float> h = decoded(s.plan, &dgroups);
+  EXPECT_LT(max_abs_diff(h, full, (size_t)((n - 20) * D)), s.f.settings.blocks ? 2e-2 : 1e-3);
+  if (s.f.settings.blocks) {
+    FocusRouters groups_only = s.f;
+    groups_only.settings.blocks = 0;
+    groups_only.block_budget.clear();
+    groups_only.block_near.clear();
+    groups_only.block_group.clear();
+    const AttentionPlan gplan = focus_plan(s.m->cfg, groups_only);
+    const auto gfull = hidden_of(*s.m, ids, &gplan);
+    EXPECT_LT(max_abs_diff(decoded(gplan, nullptr), gfull, (size_t)((n - 20) * D)), 1e-3) << "groups alone";
+  }
   // Asymmetric routers: the keys decoded one at a time join the groups the prefill gave them.
   if (s.f.settings.asymmetric) {
     ASSERT_EQ(dgroups.size(), fgroups.size());

@@ -201,19 +201,28 @@ def is_focus(r):
     return r["method"].startswith("focus")
 
 
+# Two patterns with the same per-head budgets read the same pairs in the first routed layer and may
+# differ by near-ties between blocks in later ones (whose inputs the routers' far-pair terms
+# change): their densities then differ by about 1e-5 of themselves. Within this relative tolerance,
+# below what one more block per row in one head adds (a block of 4 keys among the ~17,000 that 270
+# heads read per row at 2% density is 2e-4), a density counts as matched.
+DENSITY_RTOL = 1e-4
+
+
 def dominance_table(rows):
-    """For each baseline point, the Focus point at or below it (density <= and ppl <=) with the lowest
-    perplexity, or none: the check behind "at every density Focus is at or below every baseline"."""
+    """For each baseline point, the Focus point at or below it (density <= within DENSITY_RTOL, and
+    ppl <=) with the lowest perplexity, or none: the check behind "at every density Focus is at or
+    below every baseline"."""
     base = sorted((r for r in rows if r["method"] != "dense" and not is_focus(r)), key=lambda r: r["density"])
     focus = [r for r in rows if is_focus(r)]
     if not base or not focus:
         return []
     md = ["", "Each baseline point against the Focus points at or below it (density and perplexity both "
-          "at most the baseline's; the lowest perplexity shown):", "",
+          f"at most the baseline's, the density within a relative {DENSITY_RTOL:g}; the lowest perplexity shown):", "",
           "| baseline | density | vs dense | Focus at or below | density | vs dense |", "|---|---|---|---|---|---|"]
     missing = 0
     for b in base:
-        under = [f for f in focus if f["density"] <= b["density"] and f["ppl"] <= b["ppl"]]
+        under = [f for f in focus if f["density"] <= b["density"] * (1 + DENSITY_RTOL) and f["ppl"] <= b["ppl"]]
         d = "" if b["delta"] is None else f"{b['delta']:+.2f}%"
         if under:
             f = min(under, key=lambda f: f["ppl"])

@@ -219,12 +219,19 @@ class FrontierDominance(unittest.TestCase):
                 row("focus-x", "f-a", 0.019, 25.0),
                 row("focus-x", "f-b", 0.015, 25.5),
                 row("focus-y", "f-c", 0.031, 23.5),
-                row("focus-y", "f-d", 0.050, 23.0)]
+                row("focus-y", "f-d", 0.050, 23.0),
+                # the same budgets' density up to near-ties: within the relative tolerance it matches
+                row("blocktopk", "b-tie", 0.040, 23.2),
+                row("focus-y", "f-e", 0.040 * (1 + 0.5 * frontier.DENSITY_RTOL), 23.1),
+                row("blocktopk", "b-over", 0.060, 22.0),
+                row("focus-y", "f-f", 0.060 * (1 + 2 * frontier.DENSITY_RTOL), 21.5)]
         md = "\n".join(frontier.dominance_table(rows))
         self.assertIn("| b-low | 0.0200 | +30.00% | f-a | 0.0190 | +25.00% |", md)
         self.assertIn("| b-mid | 0.0300 | +20.00% | **none** | | |", md)
         self.assertIn("| w | 0.0500 | +15.00% | f-d | 0.0500 | +15.00% |", md)
-        self.assertIn("2 of 3 baseline points have a Focus point at or below them.", md)
+        self.assertIn("| b-tie | 0.0400 | +16.00% | f-e | 0.0400 | +15.50% |", md)
+        self.assertIn("| b-over | 0.0600 | +10.00% | **none** | | |", md)
+        self.assertIn("3 of 5 baseline points have a Focus point at or below them.", md)
         self.assertNotIn("| dense |", md)
         self.assertEqual(frontier.dominance_table([r for r in rows if not r["method"].startswith("focus")]), [])
 

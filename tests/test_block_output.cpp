@@ -90,13 +90,8 @@ TEST(BlockOutput, CurvesMatchTheirDefinition) {
   bool differs_from_mass = false;
   for (int64_t N = 0; N <= NM; ++N)
     for (int64_t K = 0; K <= KM; ++K) {
-      BlockTopKSettings s;
-      s.block = B;
-      s.window = w;
-      s.sinks = S;
-      s.set_head_k(std::vector<int64_t>(c.heads, K), std::vector<int64_t>(c.heads, N));
       std::vector<int32_t> sel;
-      const int kq = block_topk_select(rows_call(c, q, k, 0, n), st, s, sel);
+      const int kq = focus::test::select_blocks(c, q, k, n, st, B, w, S, N, K, sel);
       for (int64_t h = 0; h < c.heads; ++h) {
         double err = 0, err_groups = 0;
         for (int64_t p = 0; p < n; ++p) {

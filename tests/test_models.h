@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "focus/block_budget.h"
+#include "focus/block_topk.h"
 #include "focus/focus_model.h"
 #include "model/attention.h"
 #include "model/model.h"
@@ -78,6 +79,20 @@ inline AttentionCall rows_call(const ModelConfig& c, const std::vector<float>& q
   a.q = q.data() + pos0 * c.q_dim();
   a.k = k.data();
   return a;
+}
+
+// Block top-k's selection for rows 0 .. n-1 of q over the keys k (bounds in st), every head with N
+// near and K ranked blocks of B keys beyond a window of w and S sinks: the slots per row and head
+// in sel, their count returned.
+inline int select_blocks(const ModelConfig& c, const std::vector<float>& q, const std::vector<float>& k, int64_t n,
+                         BlockTopKState& st, int64_t B, int64_t w, int64_t S, int64_t N, int64_t K,
+                         std::vector<int32_t>& sel) {
+  BlockTopKSettings s;
+  s.block = B;
+  s.window = w;
+  s.sinks = S;
+  s.set_head_k(std::vector<int64_t>(c.heads, K), std::vector<int64_t>(c.heads, N));
+  return block_topk_select(rows_call(c, q, k, 0, n), st, s, sel);
 }
 
 inline std::vector<float> random_normal(size_t n, uint32_t seed, float scale = 1.f) {

@@ -632,13 +632,14 @@ TEST(AsymmetricRouting, GroupWeightsTrainAsTheyInfer) {
 // matches central differences; the folder keeps them.
 TEST(AsymmetricRouting, FarTermsTrainAsTheyInfer) {
   for (Arch arch : {Arch::Llama, Arch::GPT2})
-    for (int variant = 0; variant < 6; ++variant) {
+    for (int variant = 0; variant < 7; ++variant) {
       SCOPED_TRACE(::testing::Message() << (arch == Arch::Llama ? "llama" : "gpt2")
                                         << (variant == 1   ? " per kv head"
                                             : variant == 2 ? " with group weights"
                                             : variant == 3 ? " with blocks (hybrid)"
                                             : variant == 4 ? " with blocks, per kv head"
                                             : variant == 5 ? " with blocks chosen every 4 rows, per kv head"
+                                            : variant == 6 ? " with per-head budgets, near blocks and the group switch"
                                                            : " per layer"));
       auto m = random_model(arch, 18);
       FocusSettings s = asym_settings(4, 2, 3);
@@ -650,9 +651,22 @@ TEST(AsymmetricRouting, FarTermsTrainAsTheyInfer) {
       }
       if (variant == 5) s.block_select_every = 4;
       s.key_capacity = 1.25f;
-      const FocusRouters plain = focus_init(m->cfg, s, 9);
+      // Variant 6: each head its own budget and near blocks; heads 1 and 2 read blocks alone.
+      auto budgeted = [&](FocusRouters f) {
+        if (variant != 6) return f;
+        std::vector<std::vector<int64_t>> k(m->cfg.layers), near(m->cfg.layers), group(m->cfg.layers);
+        for (int64_t l = 0; l < m->cfg.layers; ++l)
+          for (int64_t h = 0; h < m->cfg.heads; ++h) {
+            k[l].push_back((l + h) % 3);
+            near[l].push_back((l + 2 * h) % 3);
+            group[l].push_back(h == 1 || h == 2 ? 0 : 1);
+          }
+        set_block_budget(f, m->cfg, k, "test", near, group);
+        return f;
+      };
+      const FocusRouters plain = budgeted(focus_init(m->cfg, s, 9));
       s.far_bias = true;
-      FocusRouters f = focus_init(m->cfg, s, 9);
+      FocusRouters f = budgeted(focus_init(m->cfg, s, 9));
       const test::Win w = window_of(50, m->cfg.vocab, 11);
       int64_t scored = 0;
       std::vector<std::vector<int32_t>> groups_plain, groups_weighted;
@@ -674,6 +688,15 @@ TEST(AsymmetricRouting, FarTermsTrainAsTheyInfer) {
       const AttentionPlan weighted = focus_plan(m->cfg, f);
       const double nll = window_nll(*m, w.ids, w.targets, &weighted, &st, &scored);
       EXPECT_GT(std::fabs(nll - nll_plain), 1e-3) << "the terms should change the loss";
+      if (variant == 6) {  // the switch changes the loss: without it every head reads its groups
+        FocusRouters all = f;
+        for (auto& l : all.block_group) std::fill(l.begin(), l.end(), 1);
+        const AttentionPlan p_all = focus_plan(m->cfg, all);
+        AttentionStats st_all;
+        const double nll_all = window_nll(*m, w.ids, w.targets, &p_all, &st_all, &scored);
+        EXPECT_GT(std::fabs(nll - nll_all), 1e-3) << "the group switch should change the loss";
+        EXPECT_GT(st_all.density(), st.density() + 0.01) << "heads without groups should read fewer pairs";
+      }
       // The first layer's routing reads the same input: its groups do not move (later layers read
       // the changed hidden state).
       ASSERT_FALSE(groups_plain.empty() || groups_plain[0].empty());
@@ -686,7 +709,7 @@ TEST(AsymmetricRouting, FarTermsTrainAsTheyInfer) {
       // gradient is the straight-through estimate, which no difference of the loss measures).
       int checked = 0;
       for (uint64_t seed = 9; seed < 60 && checked == 0; ++seed) {
-        FocusRouters fa = focus_init(m->cfg, s, seed);
+        FocusRouters fa = budgeted(focus_init(m->cfg, s, seed));
         for (size_t r = 0; r < fa.routers.size(); ++r)
           for (RouterSide side : {RouterSide::Query, RouterSide::Key}) {
             const auto v =

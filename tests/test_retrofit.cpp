@@ -301,8 +301,8 @@ TEST(Retrofit, FarTermsStartAtZeroFromInitRouters) {
 
 // Sparse training through the hybrid pattern (--blocks or --block-budget with --far-bias): the
 // hard loss of that pattern goes down, the terms move, the folder keeps the blocks and each
-// head's budget (evaluating it reads the pattern trained), and an interrupted run resumes to the
-// same bits. Blocks need the sparse objective and refuse group weights.
+// head's budget, near blocks and group switch (evaluating it reads the pattern trained), and an
+// interrupted run resumes to the same bits. Blocks need the sparse objective and refuse group weights.
 TEST(Retrofit, HybridTrainingLowersItsHardLossAndKeepsItsBlocks) {
   FOCUS_NEED_FILE(stories());
   FOCUS_NEED_FILE(book("pg-345-dracula.txt"));
@@ -348,6 +348,23 @@ TEST(Retrofit, HybridTrainingLowersItsHardLossAndKeepsItsBlocks) {
   EXPECT_NE(rt.before.ppl_hard, full.before.ppl_hard);
   EXPECT_LT(rt.after.ppl_hard, rt.before.ppl_hard);
   EXPECT_EQ(load_focus(tiled.out, m->cfg).settings.block_select_every, 3);
+  // Near blocks and the group switch (heads of odd index read blocks alone): another pattern,
+  // trained through and kept in the folder.
+  RetrofitOptions switched = opts(::testing::TempDir() + "/focus_hybrid_switched");
+  for (int64_t l = 0; l < m->cfg.layers; ++l) {
+    switched.block_near.emplace_back();
+    switched.block_group.emplace_back();
+    for (int64_t h = 0; h < m->cfg.heads; ++h) {
+      switched.block_near[l].push_back((l + 2 * h) % 3);
+      switched.block_group[l].push_back(1 - h % 2);
+    }
+  }
+  const RetrofitResult rs = run_retrofit(*m, switched);
+  EXPECT_NE(rs.before.ppl_hard, full.before.ppl_hard);
+  EXPECT_LT(rs.after.ppl_hard, rs.before.ppl_hard);
+  const FocusRouters fs = load_focus(switched.out, m->cfg);
+  EXPECT_EQ(fs.block_near, switched.block_near);
+  EXPECT_EQ(fs.block_group, switched.block_group);
   RetrofitOptions od = distill_run(::testing::TempDir() + "/focus_hybrid_distill", 1);
   od.focus.blocks = 2;
   EXPECT_THROW(run_retrofit(*m, od), Error);

@@ -344,6 +344,9 @@ struct AsymRef {
   // keys); such a far pair weighs exp(eq[r, i] + ek[r, j]) (eq, ek [RH, n], empty: 0).
   const std::vector<uint64_t>* bits = nullptr;
   int64_t bs = 0, words = 0;
+  // The group switch: a head whose entry is 0 reads its blocks alone (empty: every head reads groups).
+  std::vector<int64_t> head_groups;
+  bool groups_of(int64_t h) const { return head_groups.empty() || head_groups[h] != 0; }
   int64_t router(int64_t h) const { return (h / (s.heads / s.kv_heads)) / (s.kv_heads / rh); }
   bool block_reads(int64_t h, int64_t i, int64_t j) const {
     if (!bits) return false;
@@ -366,7 +369,8 @@ struct AsymRef {
     // The pair's A + eps, and whether a block reads it.
     auto weight = [&](int64_t h, int64_t r, int64_t i, int64_t j, bool* blk) {
       *blk = block_reads(h, i, j);
-      return *blk ? std::exp(term(eq, r, i) + term(ek, r, j)) + s.eps : affinity(p, pk, r, i, j);
+      if (*blk) return std::exp(term(eq, r, i) + term(ek, r, j)) + s.eps;
+      return groups_of(h) ? affinity(p, pk, r, i, j) : (double)s.eps;
     };
     if (o_out) o_out->assign(n * H * hd, 0.0);
     double L = 0;
@@ -404,6 +408,7 @@ struct AsymRef {
             if (deq) (*deq)[r * n + i] += dA * (a - s.eps), (*dek)[r * n + j] += dA * (a - s.eps);
             continue;
           }
+          if (!groups_of(h)) continue;  // the pair is masked whatever the memberships
           for (int64_t g = 0; g < G; ++g) {
             (*dp)[(r * n + i) * G + g] += dA * pk[(r * n + j) * G + g];
             (*dpk)[(r * n + j) * G + g] += dA * p[(r * n + i) * G + g];
@@ -431,12 +436,13 @@ VF random_memberships(int64_t rows, int64_t G, std::mt19937& rng, bool one_hot) 
 
 // Memberships p (queries) and pk (keys) of RH routers, one-hot or soft; with bs > 0 also the hybrid
 // pattern: blocks of bs keys read by each (head, row) with probability 0.3, with far-pair terms or
-// without. The reference against central differences (small cases), then the kernel against it.
+// without, and with `switched` the group switch (every other head reads its blocks alone). The
+// reference against central differences (small cases), then the kernel against it.
 void check_asymmetric(const AttnShape& s, int64_t RH, bool one_hot, uint32_t seed, bool finite_differences,
-                      int64_t bs = 0, bool terms = false) {
+                      int64_t bs = 0, bool terms = false, bool switched = false) {
   SCOPED_TRACE(::testing::Message() << "n " << s.n_q << " H " << s.heads << "/" << s.kv_heads << " RH " << RH << " G "
                                     << s.groups << " blocks of " << bs << (terms ? " terms" : "")
-                                    << (one_hot ? " one-hot" : " soft"));
+                                    << (one_hot ? " one-hot" : " soft") << (switched ? " switched" : ""));
   const Inputs in = make_inputs(s, false, seed);
   std::mt19937 rng(seed + 7);
   const VF p = random_memberships(RH * s.n_q, s.groups, rng, one_hot), pk = random_memberships(RH * s.n_q, s.groups, rng, one_hot);
@@ -454,6 +460,8 @@ void check_asymmetric(const AttnShape& s, int64_t RH, bool one_hot, uint32_t see
   ref.bits = bs > 0 ? &bits : nullptr;
   ref.bs = bs;
   ref.words = words;
+  if (switched)
+    for (int64_t h = 0; h < s.heads; ++h) ref.head_groups.push_back(h % 2);
   VD q = to_d(in.q), k = to_d(in.k), v = to_d(in.v), w = to_d(in.w), pd = to_d(p), pkd = to_d(pk);
   VD eqd = to_d(eq), ekd = to_d(ek);
   VD rdp, rdpk, rdeq, rdek, ro;
@@ -489,6 +497,7 @@ void check_asymmetric(const AttnShape& s, int64_t RH, bool one_hot, uint32_t see
   keys.ek = terms ? ek.data() : nullptr;
   keys.deq = deq.data();
   keys.dek = dek.data();
+  keys.head_groups = switched ? ref.head_groups.data() : nullptr;
   focus::cpu::soft_attention_forward(in.q.data(), in.k.data(), in.v.data(), p.data(), o.data(), lse.data(), s, keys);
   focus::cpu::soft_attention_backward(in.q.data(), in.k.data(), in.v.data(), p.data(), o.data(), lse.data(),
                                       in.w.data(), dq.data(), dk.data(), dv.data(), dp.data(), s, keys);
@@ -509,6 +518,14 @@ void check_asymmetric(const AttnShape& s, int64_t RH, bool one_hot, uint32_t see
   const focus::cpu::SoftKeys plain{pk.data(), nullptr, RH};
   focus::cpu::soft_attention_forward(in.q.data(), in.k.data(), in.v.data(), p.data(), o2.data(), nullptr, s, plain);
   EXPECT_GT(rel_err(o2, ro), 1e-3) << "blocks read nothing in this case";
+  if (!switched) return;
+  // The switch changes the result: with every head reading its groups the output differs, and
+  // the heads without groups give the memberships nothing (one head of each kv group reads them).
+  VF o3(in.q.size());
+  focus::cpu::SoftKeys all = keys;
+  all.head_groups = nullptr;
+  focus::cpu::soft_attention_forward(in.q.data(), in.k.data(), in.v.data(), p.data(), o3.data(), nullptr, s, all);
+  EXPECT_GT(rel_err(o3, ro), 1e-3) << "the switch changes nothing in this case";
 }
 
 }  // namespace
@@ -524,6 +541,20 @@ TEST(SoftAttentionHybrid, ReferenceMatchesFiniteDifferencesAndKernelMatchesRefer
   hard2.eps = 1e-7f;
   check_asymmetric(hard2, 2, true, 724, false, 16, true);
   check_asymmetric(shape(300, 9, 3, 16, 16, 40, 1), 3, true, 725, false, 5, true);  // blocks across tile edges
+}
+
+// The group switch: every other head reads its blocks alone (the far pairs outside them masked,
+// no gradient from them to the memberships), against the reference and central differences.
+TEST(SoftAttentionHybrid, HeadsWithoutGroupsMatchReference) {
+  AttnShape hard = shape(11, 2, 2, 4, 3, 1, 1);
+  hard.eps = 1e-3f;
+  check_asymmetric(hard, 2, true, 730, true, 2, true, true);
+  check_asymmetric(shape(9, 4, 2, 8, 4, 2, 0), 1, false, 731, true, 3, true, true);
+  check_asymmetric(shape(9, 4, 1, 8, 4, 1, 1), 1, false, 732, true, 1, false, true);  // one kv head, no terms
+  AttnShape hard2 = shape(200, 4, 2, 32, 8, 64, 1);
+  hard2.eps = 1e-7f;
+  check_asymmetric(hard2, 2, true, 733, false, 16, true, true);
+  check_asymmetric(shape(300, 9, 3, 16, 16, 40, 1), 3, true, 734, false, 5, true, true);
 }
 
 TEST(SoftAttentionAsymmetric, ReferenceMatchesFiniteDifferencesAndKernelMatchesReference) {

@@ -51,11 +51,10 @@ int run_retrofit_cmd(const RetrofitFlags& f) {
                 "--block-budget sets each head's blocks and their size: drop --blocks and --block-size");
     const BlockBudget b = load_block_budget(f.block_budget);
     check_block_budget(b, o.focus.local_window, o.focus.sinks, m.cfg, f.block_budget);
-    FOCUS_CHECK(b.near.empty() && b.group.empty(), f.block_budget,
-                ": budgets with near blocks or a group switch are for evaluation (focus eval, generate); "
-                "train through budgets without them");
     o.focus.block_size = b.block;
     o.block_budget = b.k;
+    o.block_near = b.near;
+    o.block_group = b.group;
   }
   FOCUS_CHECK(!f.app->count("--block-select-every") || o.focus.blocks > 0 || !o.block_budget.empty(),
               "--block-select-every applies to the hybrid pattern: give --blocks K or --block-budget too");
@@ -162,7 +161,8 @@ Command add_retrofit(CLI::App& app) {
       ->check(CLI::Range(1, 1 << 20));
   sub->add_option("--block-budget", f->block_budget,
                   "sparse: the hybrid pattern with each head's own number of blocks, a budget file of `focus budget` "
-                  "(it sets the block size; its window and sinks must be this run's); saved in focus.json");
+                  "(it sets the block size; its window and sinks must be this run's; its near blocks and group switch, if any, "
+                  "are trained through too); saved in focus.json");
   sub->add_option("--key-capacity", o.focus.key_capacity,
                   "distill, sparse: a group holds at most this times the mean key load (sparse: in training too)");
   sub->add_option("--init", o.init,

@@ -398,6 +398,8 @@ class AsymmetricFocusAttention final : public AttentionPolicy {
                        t->mk.data() + r * T * G);
     }
     if (fs_.blocks > 0) t->block_words = select_block_bits(a, fs_, t->block_bits);
+    FOCUS_CHECK(fs_.block_head_group.empty() || (int64_t)fs_.block_head_group.size() == a.cfg->heads,
+                "Focus: ", fs_.block_head_group.size(), " group switches for ", a.cfg->heads, " heads (layer ", a.layer, ")");
     tape.lse.resize(a.cfg->heads * T);
     cpu::soft_attention_forward(a.q, a.k, a.v, t->mq.data(), a.out, tape.lse.data(), sparse_shape(a), soft_keys(*t));
     tape.data = std::move(t);
@@ -410,6 +412,7 @@ class AsymmetricFocusAttention final : public AttentionPolicy {
     keys.block_bits = t.block_bits.data();
     keys.block_size = fs_.block_size;
     keys.block_words = t.block_words;
+    if (!fs_.block_head_group.empty()) keys.head_groups = fs_.block_head_group.data();  // the group switch
     if (fs_.far_bias) {
       keys.eq = t.eq.data();
       keys.ek = t.ek.data();

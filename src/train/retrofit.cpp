@@ -81,6 +81,8 @@ json run_identity(const Model& m, const RetrofitOptions& o) {
   if (o.focus.far_bias) j["far_bias"] = true;
   if (o.focus.blocks > 0 || !o.block_budget.empty())
     j.update({{"blocks", o.focus.blocks}, {"block_size", o.focus.block_size}, {"block_budget", o.block_budget}});
+  if (!o.block_near.empty()) j["block_near"] = o.block_near;
+  if (!o.block_group.empty()) j["block_group"] = o.block_group;
   if (o.focus.block_select_every != 1) j["block_select_every"] = o.focus.block_select_every;
   return j;
 }
@@ -226,7 +228,8 @@ RetrofitResult run_retrofit(const Model& m, const RetrofitOptions& o) {
   FocusRouters f = focus_init(m.cfg, fs_, o.seed);
   FOCUS_CHECK(!f.routers.empty(), "retrofit: the model has no global attention layer to route");
   if (!o.init.empty()) init_from(f, o.init, m.cfg);
-  if (!o.block_budget.empty()) set_block_budget(f, m.cfg, o.block_budget, "retrofit --block-budget");
+  if (!o.block_budget.empty())
+    set_block_budget(f, m.cfg, o.block_budget, "retrofit --block-budget", o.block_near, o.block_group);
   std::vector<BiasBalancer> balancers;
   if (o.balance == Balance::Bias)
     for (size_t r = 0; r < f.routers.size(); ++r)

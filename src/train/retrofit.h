@@ -32,6 +32,9 @@ struct RetrofitOptions : TrainOptions {
   // Sparse training through the hybrid pattern with each head's own number of blocks
   // (focus.blocks > 0 gives every head the same): [layer][query head], empty for none.
   std::vector<std::vector<int64_t>> block_budget;
+  // With it, each head's near blocks and its group switch (block_budget.h), as the budget file
+  // gives them: empty for none.
+  std::vector<std::vector<int64_t>> block_near, block_group;
 };
 
 struct ValidResult {

@@ -218,7 +218,9 @@ struct Blocks {
   const uint64_t* bits = nullptr;
   int64_t size = 0, words = 0;
   std::vector<float> fq, fk;
+  const int64_t* head_groups = nullptr;  // SoftKeys::head_groups
   explicit operator bool() const { return bits != nullptr; }
+  bool groups_of(int64_t h) const { return !head_groups || head_groups[h] != 0; }
   bool reads(int64_t h, int64_t n, int64_t i, int64_t j) const {
     const int64_t b = j / size;
     return (bits[(h * n + i) * words + (b >> 6)] >> (b & 63)) & 1u;
@@ -231,6 +233,7 @@ Blocks make_blocks(const SoftKeys& keys, const Dims& d) {
   b.bits = keys.block_bits;
   b.size = keys.block_size;
   b.words = keys.block_words;
+  b.head_groups = keys.head_groups;
   b.fq.assign(d.RH * d.n, 1.f);
   b.fk.assign(d.RH * d.n, 1.f);
   for (int64_t x = 0; x < d.RH * d.n; ++x) {
@@ -244,14 +247,18 @@ Blocks make_blocks(const SoftKeys& keys, const Dims& d) {
 }
 
 // The additive tile of query head h of a biased tile under blocks: its router's group product
-// `group` with the cells of the blocks h reads set to their weight fq(i) fk(j); those weights also
-// go to blk [nr, 64] (0 elsewhere) when it is not null. Then finish_tile.
+// `group` (zero for a head that reads no group) with the cells of the blocks h reads set to their
+// weight fq(i) fk(j); those weights also go to blk [nr, 64] (0 elsewhere) when it is not null.
+// Then finish_tile.
 void head_tile(const AttnShape& s, const Dims& d, const Blocks& b, const float* group, int64_t h, int64_t t0, int nr,
                int64_t j0, int cols, const TileInfo& info, float* add, float* inv, float* blk) {
   const int64_t r = d.router_of(h / d.gs);
   const float* fq = b.fq.data() + r * d.n;
   const float* fk = b.fk.data() + r * d.n;
-  std::copy(group, group + nr * kB, add);
+  if (b.groups_of(h))
+    std::copy(group, group + nr * kB, add);
+  else
+    std::fill(add, add + nr * kB, 0.f);
   if (blk) std::fill(blk, blk + nr * kB, 0.f);
   for (int t = 0; t < nr; ++t) {
     const int64_t i = t0 + t;
@@ -284,6 +291,7 @@ void check_shape(const char* who, const AttnShape& s, bool has_p, const SoftKeys
   FOCUS_CHECK(s.local_window >= 0 && s.sinks >= 0 && s.sliding_window >= 0, who,
               ": local_window, sinks and sliding_window must be >= 0");
   FOCUS_CHECK(std::isfinite(s.scale), who, ": scale must be finite");
+  FOCUS_CHECK(!keys.head_groups || keys.block_bits, who, ": heads without groups (head_groups) need blocks");
   if (keys.block_bits) {
     FOCUS_CHECK(has_p, who, ": blocks need the groups' memberships");
     FOCUS_CHECK(keys.block_size >= 1 && keys.block_words >= ((s.n_q + keys.block_size - 1) / keys.block_size + 63) / 64,
@@ -539,10 +547,12 @@ void soft_attention_backward(const float* q, const float* k, const float* v, con
             gemm<false>(dS, kB, krows, hdp, dqp + row0 * hdp, hdp, R, cols, (int)hdp, true);
             if (grad_bias && per_head) {
               // dA = dS / (A + eps) per head; a pair its blocks read gives dA times its weight to
-              // the terms (x), any other to the router's memberships (db, summed over its heads).
+              // the terms (x), any other to the router's memberships (db, summed over its heads)
+              // unless the head reads no group.
               const int64_t r = d.router_of(kvh);
               for (int rr = 0; rr < R; ++rr) {
                 const int64_t h = kvh * d.gs + rr / nr, t = rr % nr;
+                const bool to_groups = blocks.groups_of(h);
                 const float* ir = head_inv.data() + h * T2 + t * kB;
                 const float* br = head_blk.data() + h * T2 + t * kB;
                 float* dr = db.data() + r * T2 + t * kB;
@@ -552,7 +562,7 @@ void soft_attention_backward(const float* q, const float* k, const float* v, con
                   const float da = sr[c] * ir[c];
                   if (br[c] > 0.f)
                     xr[c] += da * br[c];
-                  else
+                  else if (to_groups)
                     dr[c] += da;
                 }
               }

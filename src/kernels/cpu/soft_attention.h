@@ -40,6 +40,9 @@ namespace focus::cpu {
 //   A_ij = exp(eq[r, i] + ek[r, j])   in place of   sum_g p[r, i, g] pk[r, j, g]
 // (the far-pair terms; eq, ek null: 0). Its gradient goes to deq, dek [RH, N] (accumulated, when
 // not null), none to the memberships: a pair a block reads is read whatever the groups.
+// With head_groups, a query head h whose entry is 0 reads no group (the group switch of
+// block_budget.h): its far pairs outside its blocks have A_ij = 0 (weight eps) and give no
+// gradient to the memberships.
 struct SoftKeys {
   const float* pk = nullptr;  // [RH, N, G] key memberships, or null: the keys use p
   float* dpk = nullptr;       // [RH, N, G] their gradient (accumulated), or null to skip it
@@ -50,6 +53,7 @@ struct SoftKeys {
   const float* ek = nullptr;  // [RH, N] of the keys, or null
   float* deq = nullptr;       // [RH, N] gradients of the terms through the pairs blocks read, or null
   float* dek = nullptr;
+  const int64_t* head_groups = nullptr;  // [H]: 0 where the head reads blocks alone, or null: every head reads its groups
 };
 
 // (q, k, v, p) -> o [N, H, Dh], lse [H, N] (lse may be null).

@@ -238,12 +238,6 @@ TEST(Cli, BudgetGroupSwitchRunsThroughEval) {
   EXPECT_EQ(btk.code, 1);
   EXPECT_NE(btk.err.find(out), std::string::npos) << btk.err;
   EXPECT_NE(btk.err.find("--group-switch"), std::string::npos) << btk.err;
-  const CliRun train = run("retrofit " + model_args() + " --train " + text() + " --valid " + text() +
-                               " --ctx 64 --window 8 --groups 4 --dg 8 --steps 1 --batch 1 --lr 1e-3 --objective sparse"
-                               " --out " + ::testing::TempDir() + "/focus_cli_switch_train --block-budget " + out,
-                           "train");
-  EXPECT_EQ(train.code, 1);
-  EXPECT_NE(train.err.find("group switch are for evaluation"), std::string::npos) << train.err;
   const CliRun alone = run(budget + " --group-switch", "alone");
   EXPECT_EQ(alone.code, 1);
   EXPECT_NE(alone.err.find("--group-switch chooses per head"), std::string::npos) << alone.err;

@@ -398,8 +398,6 @@ class AsymmetricFocusAttention final : public AttentionPolicy {
                        t->mk.data() + r * T * G);
     }
     if (fs_.blocks > 0) t->block_words = select_block_bits(a, fs_, t->block_bits);
-    FOCUS_CHECK(fs_.block_head_group.empty() || (int64_t)fs_.block_head_group.size() == a.cfg->heads,
-                "Focus: ", fs_.block_head_group.size(), " group switches for ", a.cfg->heads, " heads (layer ", a.layer, ")");
     tape.lse.resize(a.cfg->heads * T);
     cpu::soft_attention_forward(a.q, a.k, a.v, t->mq.data(), a.out, tape.lse.data(), sparse_shape(a), soft_keys(*t));
     tape.data = std::move(t);

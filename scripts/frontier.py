@@ -235,6 +235,64 @@ def dominance_table(rows):
     return md
 
 
+# Above this many points a plot's points are not labelled (the table names them).
+MAX_LABELLED = 40
+
+# The families of the summary plot, in legend order: (name, test on a method).
+FAMILIES = (("Focus (trained routers)", lambda m: m.startswith("focus")),
+            ("block top-k (Quest bound, training-free)", lambda m: m.startswith("blocktopk")),
+            ("local window + sink (StreamingLLM)", lambda m: m == "window"),
+            ("random routers", lambda m: m == "random"))
+
+
+def lower_envelope(pts, xkey):
+    """The points no other point beats on both axes (x and perplexity at most its own), by x."""
+    out = []
+    for r in sorted(pts, key=lambda r: (r[xkey], r["ppl"])):
+        if not out or r["ppl"] < out[-1]["ppl"]:
+            out.append(r)
+    return out
+
+
+def plot_families(ctx, rows, path, xkey, xlabel, plt):
+    """The paper's Figure 1: per family of methods, the best perplexity reached at each density (or
+    time) by any of its variants: the lower envelope of the family's points."""
+    fig, ax = plt.subplots(figsize=(8, 5.5))
+    dense = next((r for r in rows if r["method"] == "dense"), None)
+    styles = (("tab:red", "o"), ("tab:blue", "s"), ("tab:green", "^"), ("tab:grey", "v"))
+    for (name, test), (colour, marker) in zip(FAMILIES, styles):
+        pts = [r for r in rows if r["method"] != "dense" and test(r["method"])]
+        if not pts:
+            continue
+        env = lower_envelope(pts, xkey)
+        ax.plot([r[xkey] for r in pts], [r["ppl"] for r in pts], linestyle="none", marker=marker, markersize=2.5,
+                color=colour, alpha=0.25)
+        ax.plot([r[xkey] for r in env], [r["ppl"] for r in env], marker=marker, markersize=4, color=colour,
+                label=f"{name}: best of {len(pts)} points")
+    if dense:
+        ax.axhline(dense["ppl"], color="black", linestyle="--", linewidth=1)
+        ax.plot([dense[xkey]], [dense["ppl"]], marker="s", color="black", linestyle="none",
+                label=f"dense (ppl {dense['ppl']:.3f})")
+        ax.axhline(dense["ppl"] * 1.01, color="grey", linestyle=":", linewidth=1, label="dense +1%")
+        top = dense["ppl"] * 1.25  # the interesting range; points above it are cut off
+        ax.set_ylim(min(r["ppl"] for r in rows) * 0.99, top)
+    ax.set_xscale("log")
+    if xkey == "density":
+        lo = min(r["density"] for r in rows)
+        ax.set_xticks([t for t in (0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0) if t >= lo / 2.5])
+        ax.set_xticklabels([f"{t:g}" for t in ax.get_xticks()])
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel("held-out perplexity")
+    ax.set_title(f"ctx {ctx}: {', '.join(rows[0]['texts'])} ({rows[0]['tokens']} tokens); "
+                 "lines: each family's best point at each " + ("density" if xkey == "density" else "time"),
+                 fontsize=9)
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
 def plot(ctx, rows, path, xkey, xlabel, plt, zoom=False):
     """One curve per method; zoom: only the rows within +2% of dense, on their own axis range."""
     if zoom:
@@ -250,7 +308,7 @@ def plot(ctx, rows, path, xkey, xlabel, plt, zoom=False):
         # A colour and a marker of its own per method (tab20 has 20 colours; markers cycle by 7).
         ax.plot([r[xkey] for r in pts], [r["ppl"] for r in pts], marker="os^Dv<>"[i % 7], markersize=4,
                 color=plt.get_cmap("tab20")(i % 20), label=m)
-        for r in pts:  # labels above the points of every other method, below the rest
+        for r in (pts if len(rows) <= MAX_LABELLED else []):  # above every other method's points, below the rest
             ax.annotate(r["label"], (r[xkey], r["ppl"]), textcoords="offset points",
                         xytext=(4, 4 if i % 2 == 0 else -11), fontsize=6)
     if dense:
@@ -310,8 +368,11 @@ def cmd_report(a):
            " --note TEXT" * len(a.note or []) + (" (the notes below)" if a.note else ""), "",
            "ppl = exp(token-weighted mean NLL over the texts); density = visible pairs / causal pairs over "
            "the sparse layers (token-weighted; dense = 1); load max/mean = the largest group's share of queries over the mean, worst layer, worst text (routed variants only); seconds = `focus eval`'s timed forward passes "
-           "summed over the texts (model loading and tokenising excluded); the machine is shared, so timings "
-           "vary between runs. Raw lines (with each exact command): `" + os.path.basename(a.results) + "`.", ""]
+           "summed over the texts (model loading and tokenising excluded); the machine is shared and rows were "
+           "run on different days and machines, so timings vary between runs and the time plots only sketch "
+           "(speed-ups measured in pairs are in docs/RESULTS.md). The summary plots draw, for each family of "
+           "methods, the lower envelope of its points: the best perplexity any of its variants reached at that "
+           "density or time. Raw lines (with each exact command): `" + os.path.basename(a.results) + "`.", ""]
     for note in a.note or []:
         md += [note, ""]
     for ctx, rows in agg.items():
@@ -329,6 +390,12 @@ def cmd_report(a):
         md += [f"- {r['label']}: `{r['recs'][0]['command'].replace(home + '/', '~/')}`" for r in rows]
         if a.png:
             os.makedirs(os.path.dirname(os.path.abspath(a.png)), exist_ok=True)
+            for xkey, xlabel, suffix in (("density", "density of causal pairs (log)", "summary"),
+                                         ("seconds", "end-to-end seconds (forward passes, log)", "summary_time")):
+                path = f"{a.png}_ctx{ctx}_{suffix}.png"
+                plot_families(ctx, rows, path, xkey, xlabel, plt)
+                md += ["", f"![ctx {ctx} {suffix}]({os.path.relpath(path, os.path.dirname(os.path.abspath(a.out_md)))})"]
+                print(f"frontier: wrote {path}")
             for xkey, xlabel, suffix, zoom in (("density", "density of causal pairs (log)", "density", False),
                                                ("density", "density of causal pairs (log)", "density_near_dense", True),
                                                ("seconds", "end-to-end seconds (forward passes)", "time", False)):

@@ -236,6 +236,18 @@ class FrontierDominance(unittest.TestCase):
         self.assertEqual(frontier.dominance_table([r for r in rows if not r["method"].startswith("focus")]), [])
 
 
+    def test_summary_curves_are_each_familys_lower_envelope(self):
+        frontier = import_frontier()
+        pts = [{"label": l, "density": d, "ppl": p} for l, d, p in
+               (("a", 0.10, 24.0), ("b", 0.05, 26.0), ("c", 0.20, 24.5), ("d", 0.20, 23.0), ("e", 0.30, 23.0),
+                ("f", 0.08, 25.0))]
+        # c is beaten by a (sparser and lower); e ties d's perplexity at a higher density
+        self.assertEqual([r["label"] for r in frontier.lower_envelope(pts, "density")], ["b", "f", "a", "d"])
+        families = {name: [m for m in ("focus-hybrid", "blocktopk-budget", "window", "random", "dense") if test(m)]
+                    for name, test in frontier.FAMILIES}
+        self.assertEqual(list(families.values()), [["focus-hybrid"], ["blocktopk-budget"], ["window"], ["random"]])
+
+
 FRONTIER_STUB = """#!/usr/bin/env python3
 import json, math, os, sys
 a = sys.argv

@@ -2,7 +2,9 @@
 // (groups plus per-head budgets of positional blocks of 4), routers/smollm2-books-fast (blocks of
 // 16, chosen once per tile of 16 rows) and routers/smollm2-books-g64, -g128 and -g256 (64 groups
 // per kv head at a 64-token window, 128 at a 32-token one, 256 at a 16-token one, budgets of
-// blocks of 4) on the real SmolLM2:
+// blocks of 4), and routers/smollm2-books-low (the 256 groups with output-error budgets and the
+// group switch, where no head keeps its group: block top-k's pairs with the routers' far-pair
+// terms) on the real SmolLM2:
 // zero degradation inside the local window (identical outputs), causality (tokens appended later
 // change no earlier output), decoding from the cache equal to one call, and a sparse pattern
 // beyond the window.
@@ -155,12 +157,14 @@ TEST_P(ShippedRouters, SparseCausalAndDecodesLikePrefill) {
 
 INSTANTIATE_TEST_SUITE_P(Folders, ShippedRouters,
                          ::testing::Values("smollm2-books", "smollm2-books-hybrid", "smollm2-books-fast",
-                                           "smollm2-books-g64", "smollm2-books-g128", "smollm2-books-g256"),
+                                           "smollm2-books-g64", "smollm2-books-g128", "smollm2-books-g256",
+                                           "smollm2-books-low"),
                          [](const ::testing::TestParamInfo<std::string>& i) {
                            return i.param == "smollm2-books"          ? std::string("Groups")
                                   : i.param == "smollm2-books-hybrid" ? std::string("Hybrid")
                                   : i.param == "smollm2-books-g64"    ? std::string("Groups64")
                                   : i.param == "smollm2-books-g128"   ? std::string("Groups128")
                                   : i.param == "smollm2-books-g256"   ? std::string("Groups256")
+                                  : i.param == "smollm2-books-low"    ? std::string("Low")
                                                                       : std::string("Fast");
                          });

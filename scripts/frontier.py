@@ -197,8 +197,12 @@ def aggregate(recs):
     return out
 
 
+def is_focus_method(m):
+    return m.startswith("focus")
+
+
 def is_focus(r):
-    return r["method"].startswith("focus")
+    return is_focus_method(r["method"])
 
 
 # Two patterns with the same per-head budgets read the same pairs in the first routed layer and may
@@ -239,7 +243,7 @@ def dominance_table(rows):
 MAX_LABELLED = 40
 
 # The families of the summary plot, in legend order: (name, test on a method).
-FAMILIES = (("Focus (trained routers)", lambda m: m.startswith("focus")),
+FAMILIES = (("Focus (trained routers)", is_focus_method),
             ("block top-k (Quest bound, training-free)", lambda m: m.startswith("blocktopk")),
             ("local window + sink (StreamingLLM)", lambda m: m == "window"),
             ("random routers", lambda m: m == "random"))
@@ -252,6 +256,33 @@ def lower_envelope(pts, xkey):
         if not out or r["ppl"] < out[-1]["ppl"]:
             out.append(r)
     return out
+
+
+def draw_dense(ax, dense, xkey):
+    """The dense model's point, its perplexity and that +1%, as horizontal lines."""
+    ax.axhline(dense["ppl"], color="black", linestyle="--", linewidth=1)
+    ax.plot([dense[xkey]], [dense["ppl"]], marker="s", color="black", linestyle="none",
+            label=f"dense (ppl {dense['ppl']:.3f})")
+    ax.axhline(dense["ppl"] * 1.01, color="grey", linestyle=":", linewidth=1, label="dense +1%")
+
+
+def density_axis(ax, rows):
+    """A log axis of densities with round ticks from a little below the sparsest row."""
+    ax.set_xscale("log")
+    lo = min(r["density"] for r in rows)
+    ax.set_xticks([t for t in (0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0) if t >= lo / 2.5])
+    ax.set_xticklabels([f"{t:g}" for t in ax.get_xticks()])
+
+
+def finish(fig, ax, path, xlabel, title, plt):
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel("held-out perplexity")
+    ax.set_title(title, fontsize=9)
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
 
 
 def plot_families(ctx, rows, path, xkey, xlabel, plt):
@@ -270,27 +301,15 @@ def plot_families(ctx, rows, path, xkey, xlabel, plt):
         ax.plot([r[xkey] for r in env], [r["ppl"] for r in env], marker=marker, markersize=4, color=colour,
                 label=f"{name}: best of {len(pts)} points")
     if dense:
-        ax.axhline(dense["ppl"], color="black", linestyle="--", linewidth=1)
-        ax.plot([dense[xkey]], [dense["ppl"]], marker="s", color="black", linestyle="none",
-                label=f"dense (ppl {dense['ppl']:.3f})")
-        ax.axhline(dense["ppl"] * 1.01, color="grey", linestyle=":", linewidth=1, label="dense +1%")
-        top = dense["ppl"] * 1.25  # the interesting range; points above it are cut off
-        ax.set_ylim(min(r["ppl"] for r in rows) * 0.99, top)
-    ax.set_xscale("log")
+        draw_dense(ax, dense, xkey)
+        # the interesting range; points above +25% are cut off
+        ax.set_ylim(min(r["ppl"] for r in rows) * 0.99, dense["ppl"] * 1.25)
     if xkey == "density":
-        lo = min(r["density"] for r in rows)
-        ax.set_xticks([t for t in (0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0) if t >= lo / 2.5])
-        ax.set_xticklabels([f"{t:g}" for t in ax.get_xticks()])
-    ax.set_xlabel(xlabel)
-    ax.set_ylabel("held-out perplexity")
-    ax.set_title(f"ctx {ctx}: {', '.join(rows[0]['texts'])} ({rows[0]['tokens']} tokens); "
-                 "lines: each family's best point at each " + ("density" if xkey == "density" else "time"),
-                 fontsize=9)
-    ax.grid(True, alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+        density_axis(ax, rows)
+    else:
+        ax.set_xscale("log")
+    finish(fig, ax, path, xlabel, f"ctx {ctx}: {', '.join(rows[0]['texts'])} ({rows[0]['tokens']} tokens); "
+           "lines: each family's best point at each " + ("density" if xkey == "density" else "time"), plt)
 
 
 def plot(ctx, rows, path, xkey, xlabel, plt, zoom=False):
@@ -312,15 +331,9 @@ def plot(ctx, rows, path, xkey, xlabel, plt, zoom=False):
             ax.annotate(r["label"], (r[xkey], r["ppl"]), textcoords="offset points",
                         xytext=(4, 4 if i % 2 == 0 else -11), fontsize=6)
     if dense:
-        ax.axhline(dense["ppl"], color="black", linestyle="--", linewidth=1)
-        ax.plot([dense[xkey]], [dense["ppl"]], marker="s", color="black", linestyle="none",
-                label=f"dense (ppl {dense['ppl']:.3f})")
-        ax.axhline(dense["ppl"] * 1.01, color="grey", linestyle=":", linewidth=1, label="dense +1%")
+        draw_dense(ax, dense, xkey)
     if xkey == "density":
-        ax.set_xscale("log")
-        lo = min(r["density"] for r in rows)
-        ax.set_xticks([t for t in (0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0) if t >= lo / 2.5])
-        ax.set_xticklabels([f"{t:g}" for t in ax.get_xticks()])
+        density_axis(ax, rows)
     sparse = [r[xkey] for r in rows if r["method"] != "dense"]
     if zoom and sparse:
         x0, x1 = min(sparse) / 1.05, max(sparse) * 1.05
@@ -329,15 +342,8 @@ def plot(ctx, rows, path, xkey, xlabel, plt, zoom=False):
             ax.set_xticks([t / 100 for t in range(5, 100, 5) if x0 <= t / 100 <= x1], minor=False)
             ax.set_xticklabels([f"{t:g}" for t in ax.get_xticks()])
             ax.set_xticks([], minor=True)
-    ax.set_xlabel(xlabel)
-    ax.set_ylabel("held-out perplexity")
-    ax.set_title(f"ctx {ctx}: {', '.join(rows[0]['texts'])} ({rows[0]['tokens']} tokens)"
-                 + (", the variants within +2% of dense" if zoom else ""), fontsize=9)
-    ax.grid(True, alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    finish(fig, ax, path, xlabel, f"ctx {ctx}: {', '.join(rows[0]['texts'])} ({rows[0]['tokens']} tokens)"
+           + (", the variants within +2% of dense" if zoom else ""), plt)
 
 
 def cmd_report(a):
@@ -390,17 +396,15 @@ def cmd_report(a):
         md += [f"- {r['label']}: `{r['recs'][0]['command'].replace(home + '/', '~/')}`" for r in rows]
         if a.png:
             os.makedirs(os.path.dirname(os.path.abspath(a.png)), exist_ok=True)
-            for xkey, xlabel, suffix in (("density", "density of causal pairs (log)", "summary"),
-                                         ("seconds", "end-to-end seconds (forward passes, log)", "summary_time")):
+            density = "density of causal pairs (log)"
+            for draw, xkey, xlabel, suffix in (
+                    (plot_families, "density", density, "summary"),
+                    (plot_families, "seconds", "end-to-end seconds (forward passes, log)", "summary_time"),
+                    (plot, "density", density, "density"),
+                    (lambda *x: plot(*x, zoom=True), "density", density, "density_near_dense"),
+                    (plot, "seconds", "end-to-end seconds (forward passes)", "time")):
                 path = f"{a.png}_ctx{ctx}_{suffix}.png"
-                plot_families(ctx, rows, path, xkey, xlabel, plt)
-                md += ["", f"![ctx {ctx} {suffix}]({os.path.relpath(path, os.path.dirname(os.path.abspath(a.out_md)))})"]
-                print(f"frontier: wrote {path}")
-            for xkey, xlabel, suffix, zoom in (("density", "density of causal pairs (log)", "density", False),
-                                               ("density", "density of causal pairs (log)", "density_near_dense", True),
-                                               ("seconds", "end-to-end seconds (forward passes)", "time", False)):
-                path = f"{a.png}_ctx{ctx}_{suffix}.png"
-                plot(ctx, rows, path, xkey, xlabel, plt, zoom)
+                draw(ctx, rows, path, xkey, xlabel, plt)
                 md.append("")
                 md.append(f"![ctx {ctx} {suffix}]({os.path.relpath(path, os.path.dirname(os.path.abspath(a.out_md)))})")
                 print(f"frontier: wrote {path}")

@@ -235,7 +235,6 @@ class FrontierDominance(unittest.TestCase):
         self.assertNotIn("| dense |", md)
         self.assertEqual(frontier.dominance_table([r for r in rows if not r["method"].startswith("focus")]), [])
 
-
     def test_summary_curves_are_each_familys_lower_envelope(self):
         frontier = import_frontier()
         pts = [{"label": l, "density": d, "ppl": p} for l, d, p in
